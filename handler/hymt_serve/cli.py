@@ -1,0 +1,184 @@
+"""The ``hymt`` command: build the tiny model and the archive, start/stop/check TorchServe,
+print a token, translate from the command line.
+
+Every subcommand exits 0 on success and non-zero with a message on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "hunyuan-mt"
+
+
+def _cmd_tiny_model(args: argparse.Namespace) -> int:
+    from .tiny_model import build_tiny_model, default_tokenizer_dir
+
+    tokenizer = None if args.fallback_tokenizer else (args.tokenizer or default_tokenizer_dir())
+    out = build_tiny_model(args.out, tokenizer)
+    print(f"tiny random-weight model written to {out} "
+          f"(tokenizer: {tokenizer or 'fallback built by this project'})")
+    return 0
+
+
+def _cmd_archive(args: argparse.Namespace) -> int:
+    from .archive import build_archive, parse_override
+
+    template = args.template or Path("configs") / f"model-config-{args.profile}.yaml"
+    path = build_archive(
+        model_path=args.model_path.resolve(), template=template, export_path=args.export_path,
+        name=args.name, bundle_weights=args.bundle_weights, archive_format=args.format,
+        overrides=dict(parse_override(item) for item in args.set),
+    )
+    print(f"archive written to {path}")
+    return 0
+
+
+def _model_names(models: Sequence[str], load_models: str) -> list[str]:
+    entries = list(models) or [e for e in load_models.split(",") if e.strip()]
+    names = []
+    for entry in entries:
+        name = entry.split("=", 1)[0] if "=" in entry else Path(entry.strip()).name
+        names.append(name.removesuffix(".mar").removesuffix(".tar.gz"))
+    return [n for n in names if n not in ("all", "standalone")] or [DEFAULT_MODEL]
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    from .launcher import LaunchError, stop, wait_ready
+    from .launcher import start as start_server
+
+    overrides = dict(item.split("=", 1) for item in args.set)
+    try:
+        server, process = start_server(
+            args.config, args.workdir, model_store=args.model_store, models=args.model,
+            overrides=overrides, foreground=args.foreground,
+        )
+        names = _model_names(args.model, server.properties().get("load_models", ""))
+        wait_ready(server, names, args.timeout, process)
+    except LaunchError as error:
+        print(f"hymt start: {error}", file=sys.stderr)
+        stop(_server(args.workdir))
+        return 1
+    print(f"TorchServe ready: {', '.join(names)} at {server.inference_url()} "
+          f"(keys in {server.workdir / 'key_file.json'}, logs in {server.log_dir})")
+    if process is None:
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: stop(server))
+    return process.wait()
+
+
+def _server(workdir: Path) -> Any:
+    from .launcher import Server
+
+    return Server(workdir.resolve())
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from .launcher import stop
+
+    stopped = stop(_server(args.workdir))
+    print("TorchServe stopped" if stopped else f"no TorchServe running from {args.workdir}")
+    return 0
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    from .launcher import model_status
+
+    try:
+        statuses = model_status(_server(args.workdir), args.model)
+    except Exception as exc:  # any failure to ask is "unhealthy" for a health check
+        print(f"unhealthy: {exc}", file=sys.stderr)
+        return 1
+    healthy = bool(statuses) and all(status == "READY" for status in statuses)
+    print(f"{'healthy' if healthy else 'unhealthy'}: workers {statuses or 'none'}")
+    return 0 if healthy else 1
+
+
+def _cmd_token(args: argparse.Namespace) -> int:
+    key = _server(args.workdir).keys().get(args.api)
+    if not key:
+        print(f"no {args.api} key in {args.workdir}/key_file.json", file=sys.stderr)
+        return 1
+    print(key)
+    return 0
+
+
+def _cmd_translate(args: argparse.Namespace) -> int:
+    import requests
+
+    server = _server(args.workdir)
+    body: dict[str, Any] = {"text": args.text, "target_lang": args.to}
+    if args.source:
+        body["source_lang"] = args.source
+    response = requests.post(f"{server.inference_url()}/predictions/{args.model}", json=body,
+                             headers=server.headers("inference"), timeout=300)
+    print(json.dumps(response.json(), ensure_ascii=False, indent=2))
+    return 0 if response.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hymt", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tiny = sub.add_parser("tiny-model", help="write a tiny random-weight model folder")
+    tiny.add_argument("--out", type=Path, default=Path("build/tiny-model"))
+    tiny.add_argument("--tokenizer", type=Path, help="Hunyuan tokenizer folder (default: found)")
+    tiny.add_argument("--fallback-tokenizer", action="store_true",
+                      help="train the project's small tokenizer even if the real one is found")
+    tiny.set_defaults(func=_cmd_tiny_model)
+
+    archive = sub.add_parser("archive", help="build the model archive into the model store")
+    archive.add_argument("--model-path", type=Path, required=True)
+    archive.add_argument("--profile", choices=("cpu", "gpu"), default="cpu")
+    archive.add_argument("--template", type=Path, help="model-config template (overrides profile)")
+    archive.add_argument("--name", default=DEFAULT_MODEL)
+    archive.add_argument("--export-path", type=Path, default=Path("model_store"))
+    archive.add_argument("--bundle-weights", action="store_true",
+                         help="copy the model folder into the archive (small models only)")
+    archive.add_argument("--format", choices=("default", "no-archive", "tgz"), default="default")
+    archive.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a model-config key, e.g. handler.max_new_tokens=16")
+    archive.set_defaults(func=_cmd_archive)
+
+    start = sub.add_parser("start", help="start TorchServe and wait until workers are READY")
+    start.add_argument("--config", type=Path, default=Path("config.properties"))
+    start.add_argument("--workdir", type=Path, default=Path("run"))
+    start.add_argument("--model-store", type=Path)
+    start.add_argument("--model", action="append", default=[], metavar="NAME=ARCHIVE")
+    start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config.properties key, e.g. inference_address=...")
+    start.add_argument("--timeout", type=float, default=300.0)
+    start.add_argument("--foreground", action="store_true", help="stay attached (containers)")
+    start.set_defaults(func=_cmd_start)
+
+    for name, func, text in (("stop", _cmd_stop, "stop TorchServe"),
+                             ("health", _cmd_health, "exit 0 when every worker is READY"),
+                             ("token", _cmd_token, "print a token key"),
+                             ("translate", _cmd_translate, "translate one text")):
+        command = sub.add_parser(name, help=text)
+        command.add_argument("--workdir", type=Path, default=Path("run"))
+        command.set_defaults(func=func)
+        if name in ("health", "translate"):
+            command.add_argument("--model", default=DEFAULT_MODEL)
+    sub.choices["token"].add_argument("--api", choices=("inference", "management"),
+                                      default="inference")
+    translate = sub.choices["translate"]
+    translate.add_argument("text")
+    translate.add_argument("--to", required=True, help="target language code")
+    translate.add_argument("--from", dest="source", help="source language code")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

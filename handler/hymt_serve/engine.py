@@ -1,0 +1,257 @@
+"""The model engine: the only module of the serving path that imports torch and transformers.
+
+:class:`HFEngine` loads a Hugging Face model folder (config, safetensors, tokenizer with chat
+template), renders prompts with the chat template and generates with transformers' ``generate``.
+Decoder-only details live here in one place: left padding, the prompt cut from the output, stop
+tokens, special tokens skipped in decoding, inference mode.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from .errors import ConfigurationError, OutOfMemory
+from .generation import FinishReason, GenerationResult, GenerationRow, SamplingParams
+from .settings import Settings
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+STOP_TOKENS = ("<|eos|>",)
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """Where and how the model is loaded, decided before loading (and reported after)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    attention: str
+    quantization: str
+
+    def describe(self) -> dict[str, str]:
+        return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "attention": self.attention, "quantization": self.quantization}
+
+
+def plan_load(settings: Settings, gpu_id: int | None = None) -> LoadPlan:
+    """Resolve the ``auto`` settings against this machine. Raises ConfigurationError."""
+    cuda = torch.cuda.is_available()
+    if settings.device == "cuda" and not cuda:
+        raise ConfigurationError("device is 'cuda' but no CUDA device is available")
+    use_cuda = cuda and settings.device != "cpu"
+    device = torch.device("cuda", gpu_id or 0) if use_cuda else torch.device("cpu")
+    return LoadPlan(device, _dtype(settings.dtype, device), _attention(settings.attention, device),
+                    _quantization(settings.quantization, device))
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def _attention(name: str, device: torch.device) -> str:
+    has_flash = importlib.util.find_spec("flash_attn") is not None
+    if name == "auto":
+        return "flash_attention_2" if has_flash and device.type == "cuda" else "sdpa"
+    if name == "flash_attention_2" and not (has_flash and device.type == "cuda"):
+        raise ConfigurationError(
+            "attention 'flash_attention_2' needs the flash_attn package and a CUDA device; "
+            "use 'auto' or 'sdpa' (PyTorch SDPA runs FlashAttention kernels on recent GPUs)"
+        )
+    return name
+
+
+def _quantization(name: str, device: torch.device) -> str:
+    if name == "none":
+        return name
+    if device.type != "cuda":
+        raise ConfigurationError(f"quantization {name!r} needs a CUDA device (bitsandbytes)")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigurationError(
+            f"quantization {name!r} needs bitsandbytes: pip install 'hunyuan-mt-torchserve[quantization]'"
+        )
+    return name
+
+
+class HFEngine:
+    """A Hugging Face causal LM with its tokenizer, generating with ``model.generate``."""
+
+    def __init__(self, model: Any, tokenizer: Any, plan: LoadPlan, settings: Settings) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.plan = plan
+        self.settings = settings
+        self.stop_ids = _stop_ids(tokenizer, model)
+        self.pad_id = _pad_id(tokenizer, self.stop_ids)
+        self.load_seconds = 0.0
+
+    @classmethod
+    def load(cls, settings: Settings, gpu_id: int | None = None) -> HFEngine:
+        """Load the model folder of ``settings.model_path``. Raises ConfigurationError."""
+        plan = plan_load(settings, gpu_id)
+        if not (settings.model_path / "config.json").is_file():
+            raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
+        started = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
+        if not tokenizer.chat_template:
+            raise ConfigurationError(f"the tokenizer in {settings.model_path} has no chat template")
+        model = AutoModelForCausalLM.from_pretrained(settings.model_path, **_load_kwargs(plan))
+        if plan.quantization == "none":
+            model.to(plan.device)
+        model.eval()
+        _check_context(model.config, settings)
+        _freeze_rope(model)
+        engine = cls(model, tokenizer, plan, settings)
+        engine.load_seconds = time.perf_counter() - started
+        logger.info("loaded %s in %.1f s: %s", model.config.model_type, engine.load_seconds,
+                    plan.describe())
+        return engine
+
+    def encode_prompt(self, user_turn: str) -> list[int]:
+        rendered = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": user_turn}], tokenize=False, add_generation_prompt=True
+        )
+        return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+    def generate(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
+        by_sampling: dict[SamplingParams | None, list[int]] = defaultdict(list)
+        for index, row in enumerate(rows):
+            by_sampling[row.sampling].append(index)
+        results: list[GenerationResult | None] = [None] * len(rows)
+        for sampling, indices in by_sampling.items():
+            group = self._generate_group([rows[i] for i in indices], sampling)
+            for index, result in zip(indices, group, strict=True):
+                results[index] = result
+        return [r for r in results if r is not None]
+
+    def _generate_group(
+        self, rows: Sequence[GenerationRow], sampling: SamplingParams | None
+    ) -> list[GenerationResult]:
+        input_ids, attention_mask = self._left_pad([row.prompt_ids for row in rows])
+        config = self._generation_config(max(row.max_new_tokens for row in rows), sampling)
+        try:
+            with torch.inference_mode():
+                output = self.model.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, generation_config=config
+                )
+        except torch.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            raise OutOfMemory(f"the device ran out of memory for a batch of {len(rows)} texts",
+                              allowed="fewer or shorter texts per request, or retry") from exc
+        new_tokens = output[:, input_ids.shape[1]:].tolist()
+        return [self._result(tokens, row.max_new_tokens) for tokens, row in zip(new_tokens, rows)]
+
+    def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            mask[i, width - len(prompt):] = 1
+        return ids.to(self.plan.device), mask.to(self.plan.device)
+
+    def _generation_config(self, max_new_tokens: int, sampling: SamplingParams | None) -> Any:
+        common = {"max_new_tokens": max_new_tokens, "eos_token_id": sorted(self.stop_ids),
+                  "pad_token_id": self.pad_id, "bos_token_id": self.tokenizer.bos_token_id}
+        if sampling is None:
+            return GenerationConfig(do_sample=False, **common)
+        return GenerationConfig(do_sample=True, temperature=sampling.temperature,
+                                top_p=sampling.top_p, top_k=sampling.top_k,
+                                repetition_penalty=sampling.repetition_penalty, **common)
+
+    def _result(self, tokens: list[int], max_new_tokens: int) -> GenerationResult:
+        return make_result(self.tokenizer, tokens[:max_new_tokens], self.stop_ids)
+
+    def describe(self) -> dict[str, Any]:
+        config = self.model.config
+        return {
+            "engine": "hf",
+            "model_type": config.model_type,
+            "model_path": str(self.settings.model_path),
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "max_position_embeddings": config.max_position_embeddings,
+            "stop_token_ids": sorted(self.stop_ids),
+            "load_seconds": round(self.load_seconds, 2),
+            **self.plan.describe(),
+        }
+
+
+def make_result(tokenizer: Any, tokens: Sequence[int], stop_ids: set[int]) -> GenerationResult:
+    """Cut ``tokens`` at the first stop token and decode them without special tokens."""
+    finish: FinishReason = "length"
+    for position, token in enumerate(tokens):
+        if token in stop_ids:
+            tokens, finish = tokens[:position], "stop"
+            break
+    text = tokenizer.decode(list(tokens), skip_special_tokens=True)
+    return GenerationResult(text=text, token_ids=tuple(tokens), finish_reason=finish)
+
+
+def _load_kwargs(plan: LoadPlan) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"dtype": plan.dtype, "low_cpu_mem_usage": True,
+                              "attn_implementation": plan.attention}
+    if plan.quantization != "none":
+        from transformers import BitsAndBytesConfig
+
+        kwargs["device_map"] = {"": plan.device}
+        kwargs["quantization_config"] = (
+            BitsAndBytesConfig(load_in_8bit=True) if plan.quantization == "int8" else
+            BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                               bnb_4bit_compute_dtype=plan.dtype, bnb_4bit_use_double_quant=True)
+        )
+    return kwargs
+
+
+def _stop_ids(tokenizer: Any, model: Any) -> set[int]:
+    ids = {tokenizer.convert_tokens_to_ids(token) for token in STOP_TOKENS}
+    ids.discard(tokenizer.unk_token_id)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    if not ids:
+        raise ConfigurationError(f"the tokenizer has none of the stop tokens {STOP_TOKENS}")
+    return {i for i in ids if isinstance(i, int)}
+
+
+def _pad_id(tokenizer: Any, stop_ids: set[int]) -> int:
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids))
+
+
+def _check_context(config: Any, settings: Settings) -> None:
+    window = settings.max_input_tokens + settings.max_new_tokens
+    limit = int(getattr(config, "max_position_embeddings", window))
+    if window > limit:
+        raise ConfigurationError(
+            f"max_input_tokens + max_new_tokens must be at most the model's "
+            f"max_position_embeddings ({limit}), got {settings.max_input_tokens} + "
+            f"{settings.max_new_tokens} = {window}"
+        )
+
+
+def _freeze_rope(model: Any) -> None:
+    """Treat Hunyuan's alpha-scaled "dynamic" RoPE as the fixed base it is.
+
+    transformers computes the right frequencies at load (base = theta * alpha^(d/(d-2))), but
+    its dynamic update branches on the sequence length every step and, past
+    max_position_embeddings, recomputes them without alpha. The stored frequencies are right.
+    """
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rotary is not None and "dynamic" in str(getattr(rotary, "rope_type", "")):
+        rotary.rope_type = "default"
+
+
+def load_engine(settings: Settings, gpu_id: int | None = None) -> HFEngine:
+    """The engine the settings ask for, loaded and ready to generate."""
+    return HFEngine.load(settings, gpu_id)

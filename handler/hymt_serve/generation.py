@@ -1,0 +1,54 @@
+"""Value objects shared by the generation engines (pure Python, no torch).
+
+A batch reaches an engine as a list of :class:`GenerationRow` (one per text, prompt already
+tokenised with the chat template) and comes back as one :class:`GenerationResult` per row, in
+the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling knobs; the defaults are the model card's recommendation."""
+
+    temperature: float = 0.7
+    top_p: float = 0.6
+    top_k: int = 20
+    repetition_penalty: float = 1.05
+
+
+@dataclass(frozen=True)
+class GenerationRow:
+    """One text to generate for.
+
+    ``prompt_ids`` is the full templated prompt (BOS included). ``sampling`` is None for greedy
+    decoding. ``max_new_tokens`` counts generated tokens, the stop token included.
+    """
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What an engine produced for one row.
+
+    ``token_ids`` are the generated ids without the prompt and without the stop token;
+    ``finish_reason`` is "stop" when a stop token ended the row, "length" when
+    ``max_new_tokens`` did.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_ids)

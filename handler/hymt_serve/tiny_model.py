@@ -1,0 +1,115 @@
+"""Build a tiny random-weight ``hunyuan_v1_dense`` model folder for demos and tests.
+
+A set-up tool, not part of the serving path. Its translations are meaningless (random weights);
+it exists so that the whole stack runs on any machine without downloads. With the real Hunyuan
+7B-family tokenizer folder it tokenises exactly like Hunyuan-MT-7B; without it, a small byte-level
+BPE tokenizer with the same special tokens and an equivalent chat template is trained here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .languages import LANGUAGES
+
+TOKENIZER_ENV = "HYMT_TOKENIZER_DIR"
+SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|startoftext|>", "<|bos|>", "<|eos|>", "<|pad|>",
+    *(f"<|extra_{i}|>" for i in range(205)),
+)
+# Renders turns like the Hunyuan 7B template: a user turn is <|startoftext|>...<|extra_0|>.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}<|startoftext|>{{ m['content'] }}<|extra_4|>"
+    "{% elif m['role'] == 'user' %}"
+    "{% if loop.index0 == 1 and messages[0]['role'] == 'system' %}{{ m['content'] }}<|extra_0|>"
+    "{% else %}<|startoftext|>{{ m['content'] }}<|extra_0|>{% endif %}"
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] }}<|eos|>{% endif %}"
+    "{% endfor %}"
+)
+TINY_SHAPE: dict[str, Any] = {
+    "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "use_qk_norm": True,
+    "rope_theta": 10000.0, "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
+    "tie_word_embeddings": True,
+}
+_SAMPLE_TEXT = (
+    "Hello, world. How are you today? The weather is nice. Machine translation is useful.",
+    "你好，世界。今天天气很好。机器翻译很有用。我们一起去吃饭吧。",
+    "こんにちは、世界。今日はいい天気ですね。", "안녕하세요, 세계. 오늘 날씨가 좋네요.",
+    "Bonjour le monde. Il fait beau aujourd'hui.", "Hallo Welt. Das Wetter ist heute schön.",
+    "Привет, мир. Сегодня хорошая погода.", "مرحبا بالعالم. الطقس جميل اليوم.",
+    "שלום עולם. מזג האוויר יפה היום.", "Xin chào thế giới. Hôm nay trời đẹp.",
+    "สวัสดีชาวโลก วันนี้อากาศดี", "नमस्ते दुनिया। आज मौसम अच्छा है।", "😀👍🌍",
+)
+
+
+def default_tokenizer_dir() -> Path | None:
+    """The real tokenizer folder: ``$HYMT_TOKENIZER_DIR``, else ``../shared/hunyuan-tokenizer``
+    beside the current folder or beside this project's checkout; None when absent."""
+    candidates = [os.environ.get(TOKENIZER_ENV, "")]
+    candidates += [str(Path.cwd().parent / "shared" / "hunyuan-tokenizer")]
+    candidates += [str(Path(__file__).resolve().parents[3] / "shared" / "hunyuan-tokenizer")]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "tokenizer.json").is_file():
+            return Path(candidate)
+    return None
+
+
+def build_fallback_tokenizer() -> Any:
+    """A small byte-level BPE tokenizer with Hunyuan's special tokens and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=3000, special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tokenizer.train_from_iterator(_training_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<|startoftext|>", eos_token="<|eos|>",
+        pad_token="<|pad|>", chat_template=CHAT_TEMPLATE,
+    )
+
+
+def _training_corpus() -> list[str]:
+    from .prompts import build_prompt
+
+    english, chinese = LANGUAGES["en"], LANGUAGES["zh"]
+    corpus = list(_SAMPLE_TEXT)
+    for language in LANGUAGES.values():
+        corpus.append(build_prompt(_SAMPLE_TEXT[0], english, language)[0])
+        corpus.append(build_prompt(_SAMPLE_TEXT[1], chinese, language)[0])
+    return corpus
+
+
+def build_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0) -> Path:
+    """Write a tiny random-weight model folder (config, safetensors, tokenizer) to ``out_dir``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = (AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir
+                 else build_fallback_tokenizer())
+    ids = {name: tokenizer.convert_tokens_to_ids(name)
+           for name in ("<|startoftext|>", "<|eos|>", "<|pad|>")}
+    config = AutoConfig.for_model(
+        model_type="hunyuan_v1_dense", vocab_size=len(tokenizer),
+        bos_token_id=ids["<|startoftext|>"], eos_token_id=ids["<|eos|>"],
+        pad_token_id=ids["<|pad|>"], **TINY_SHAPE,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    about = {"random_weights": True, "tokenizer": str(tokenizer_dir) if tokenizer_dir else "fallback",
+             "note": "random weights: its translations are meaningless; serve a real model folder"}
+    (out_dir / "TINY_MODEL.json").write_text(json.dumps(about, indent=2) + "\n")
+    return out_dir
