@@ -1,0 +1,56 @@
+"""Helpers for in-process handler tests: TorchServe's real Context and metric cache, a fake engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ts.context import Context, RequestProcessor
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+from hymt_serve.generation import GenerationResult, GenerationRow
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_context(handler_settings: dict[str, Any], model_dir: Path | str = ".") -> Context:
+    metrics = MetricsCacheYamlImpl(config_file_path=str(REPO / "configs/metrics.yaml"))
+    metrics.initialize_cache()
+    metrics.model_name = "hunyuan-mt"
+    return Context("hunyuan-mt", str(model_dir), {}, 4, None, "0.12.0", metrics=metrics,
+                   model_yaml_config={"handler": handler_settings})
+
+
+def set_batch(context: Context, size: int, headers: Sequence[dict[str, str]] | None = None) -> None:
+    """What TorchServe's worker does before each call of handle()."""
+    context.request_ids = {i: f"req-{i}" for i in range(size)}
+    context.request_processor = [RequestProcessor(dict(h)) for h in (headers or [{}] * size)]
+    context.metrics.request_ids = context.request_ids
+
+
+class FakeEngine:
+    """Encodes characters as ids; "translates" by upper-casing the source text of the prompt."""
+
+    def __init__(self, failure: BaseException | None = None) -> None:
+        self.failure = failure
+        self.calls: list[int] = []
+
+    def encode_prompt(self, user_turn: str) -> list[int]:
+        return [ord(c) for c in user_turn]
+
+    def generate(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
+        self.calls.append(len(rows))
+        if self.failure is not None:
+            raise self.failure
+        results = []
+        for row in rows:
+            source = "".join(chr(i) for i in row.prompt_ids).split("\n\n", 1)[1]
+            ids = tuple(ord(c) for c in source.upper())[: row.max_new_tokens]
+            finish = "stop" if len(ids) < row.max_new_tokens else "length"
+            results.append(GenerationResult("".join(map(chr, ids)), ids, finish))
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "fake", "attention": "none", "dtype": "none", "device": "cpu",
+                "quantization": "none"}

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hymt_serve.errors import ConfigurationError
+from hymt_serve.generation import SamplingParams
+from hymt_serve.settings import MODEL_PATH_ENV, Settings
+
+
+def load(raw: dict[str, Any], env: dict[str, str] | None = None) -> Settings:
+    return Settings.from_mapping(raw, model_dir="/archive", environ=env or {})
+
+
+def test_defaults_and_model_card_sampling() -> None:
+    settings = load({"model_path": "/models/mt"})
+    assert settings.model_path == Path("/models/mt")
+    assert (settings.device, settings.dtype, settings.attention) == ("auto", "auto", "auto")
+    assert settings.quantization == "none"
+    assert settings.sampling == SamplingParams(0.7, 0.6, 20, 1.05)
+
+
+def test_relative_model_path_is_read_against_the_archive() -> None:
+    assert load({"model_path": "model"}).model_path == Path("/archive/model")
+
+
+def test_environment_overrides_model_path() -> None:
+    settings = load({"model_path": "/a"}, {MODEL_PATH_ENV: "/from/env"})
+    assert settings.model_path == Path("/from/env")
+    assert load({}, {MODEL_PATH_ENV: "/only/env"}).model_path == Path("/only/env")
+
+
+def test_choices_are_normalised() -> None:
+    settings = load({"model_path": "/m", "dtype": " BFloat16 ", "quantization": None})
+    assert settings.dtype == "bfloat16"
+    assert settings.quantization == "none"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({}, "model_path must name"),
+        ({"model_path": "/m", "max_new_tokens": 0}, "max_new_tokens must be an integer in [1, 32768], got 0"),
+        ({"model_path": "/m", "max_new_tokens": "64"}, "got '64'"),
+        ({"model_path": "/m", "max_new_tokens": True}, "got True"),
+        ({"model_path": "/m", "top_p": 1.5}, "top_p must be a number in (0.0, 1.0], got 1.5"),
+        ({"model_path": "/m", "temperature": 0}, "temperature must be a number in (0.0, 10.0], got 0"),
+        ({"model_path": "/m", "dtype": "int4"}, "dtype must be one of"),
+        ({"model_path": "/m", "quantization": "gptq"}, "quantization must be one of ['none', 'int8', 'nf4']"),
+        ({"model_path": "/m", "max_new_tokenz": 5}, "unknown handler setting(s) ['max_new_tokenz']"),
+    ],
+)
+def test_bad_settings_name_key_bound_and_value(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        load(raw)
+    assert message in str(info.value)
+
+
+def test_sampling_overrides() -> None:
+    settings = load({"model_path": "/m", "temperature": 0.5, "top_k": 5})
+    assert settings.sampling == SamplingParams(temperature=0.5, top_p=0.6, top_k=5)
+
+
+def test_settings_are_frozen_and_public_view_is_json_ready() -> None:
+    import json
+
+    settings = load({"model_path": "/m"})
+    with pytest.raises(AttributeError):
+        settings.max_new_tokens = 5  # type: ignore[misc]
+    assert json.loads(json.dumps(settings.public()))["sampling"]["top_k"] == 20
