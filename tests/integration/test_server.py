@@ -1,0 +1,145 @@
+"""Against a real TorchServe with the tiny model: inference, batching, management, metrics."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any
+
+import pytest
+import requests
+
+from hymt_serve.launcher import Server, model_status
+
+pytestmark = pytest.mark.integration
+MODEL = "hunyuan-mt"
+
+
+def predict(server: Server, body: Any, **kwargs: Any) -> requests.Response:
+    return requests.post(f"{server.inference_url()}/predictions/{MODEL}", json=body,
+                         headers=server.headers("inference"), timeout=120, **kwargs)
+
+
+def test_ping_needs_the_token(server: Server) -> None:
+    ok = requests.get(f"{server.inference_url()}/ping", headers=server.headers("inference"),
+                      timeout=10)
+    assert ok.status_code == 200 and ok.json()["status"] == "Healthy"
+    assert refused(requests.get(f"{server.inference_url()}/ping", timeout=10))
+
+
+def test_single_text(server: Server) -> None:
+    response = predict(server, {"text": "你好，世界。", "target_lang": "en"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert isinstance(body["translation"], str)
+    assert body["target_lang"] == "en" and body["source_lang"] is None
+    assert body["translations"][0]["template"] == "zh"
+    assert body["usage"]["output_tokens"] == 16  # random weights never stop early
+    assert body["request_id"]
+
+
+def test_multi_text_and_flask_field_names(server: Server) -> None:
+    response = predict(server, {"text": ["Good morning.", "Good night.", "Thanks"],
+                                "src_lang": "en", "tgt_lang": "de", "max_new_tokens": 5})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert "translation" not in body
+    assert [t["output_tokens"] for t in body["translations"]] == [5, 5, 5]
+    assert body["source_lang"] == "en" and body["target_lang"] == "de"
+
+
+def test_concurrent_batch_with_bad_requests(server: Server) -> None:
+    bodies: list[Any] = [
+        {"text": "Hello", "target_lang": "fr"},
+        {"text": "Hello", "target_lang": "klingon"},
+        {"text": ["一", "二"], "target_lang": "en", "source_lang": "zh"},
+        {"text": "", "target_lang": "en"},
+    ]
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(lambda b: predict(server, b), bodies))
+    assert [r.status_code for r in responses] == [200, 400, 200, 400]
+    assert responses[1].json()["error_type"] == "unsupported_language"
+    assert "zh-Hant" in responses[1].json()["allowed"]
+    assert len(responses[2].json()["translations"]) == 2
+
+
+def test_non_json_bodies_get_json_errors(server: Server) -> None:
+    url = f"{server.inference_url()}/predictions/{MODEL}"
+    plain = requests.post(url, data="hello", headers={**server.headers("inference"),
+                                                      "Content-Type": "text/plain"}, timeout=30)
+    assert plain.status_code == 400 and plain.json()["error_type"] == "invalid_request"
+    form = requests.post(url, data={"text": "hi"}, headers=server.headers("inference"), timeout=30)
+    assert form.status_code == 400 and "Content-Type: application/json" in form.json()["error"]
+
+
+def refused(response: requests.Response) -> bool:
+    """TorchServe 0.12.0 refuses a missing or wrong token with 400 InvalidKeyException (not 401)."""
+    return response.status_code == 400 and response.json()["type"] == "InvalidKeyException"
+
+
+WRONG = {"Authorization": "Bearer not-the-key"}
+
+
+def test_inference_without_or_with_a_wrong_token_is_refused(server: Server) -> None:
+    url = f"{server.inference_url()}/predictions/{MODEL}"
+    body = {"text": "hi", "target_lang": "fr"}
+    assert refused(requests.post(url, json=body, timeout=30))
+    assert refused(requests.post(url, json=body, headers=WRONG, timeout=30))
+    assert refused(requests.post(url, json=body, headers=server.headers("management"), timeout=30))
+
+
+def test_management_describe_needs_its_token(server: Server) -> None:
+    url = f"{server.management_url()}/models/{MODEL}"
+    assert refused(requests.get(url, timeout=10))
+    assert refused(requests.get(url, headers=server.headers("inference"), timeout=10))
+    described = requests.get(f"{url}?customized=true", headers=server.headers("management"),
+                             timeout=30).json()[0]
+    assert described["batchSize"] == 4
+    assert described["customizedMetadata"]  # our describe(): engine and settings
+    assert "sdpa" in str(described["customizedMetadata"])
+
+
+def test_model_registration_api_is_off(server: Server) -> None:
+    response = requests.post(f"{server.management_url()}/models",
+                             params={"url": "https://example.com/evil.mar"},
+                             headers=server.headers("management"), timeout=10)
+    assert response.status_code == 405
+
+
+def test_scale_workers_up_and_down(server: Server) -> None:
+    url = f"{server.management_url()}/models/{MODEL}"
+    headers = server.headers("management")
+    assert refused(requests.put(url, params={"min_worker": 2, "synchronous": "true"},
+                                headers=WRONG, timeout=10))
+    up = requests.put(url, params={"min_worker": 2, "synchronous": "true"}, headers=headers,
+                      timeout=240)
+    assert up.status_code == 200, up.text
+    assert wait_for_workers(server, 2) == ["READY", "READY"]
+    assert predict(server, {"text": "hi", "target_lang": "ja"}).status_code == 200
+    down = requests.put(url, params={"min_worker": 1, "max_worker": 1, "synchronous": "true"},
+                        headers=headers, timeout=120)
+    assert down.status_code == 200, down.text
+    assert wait_for_workers(server, 1) == ["READY"]
+
+
+def wait_for_workers(server: Server, count: int, timeout: float = 120) -> list[str]:
+    deadline = time.monotonic() + timeout
+    statuses = model_status(server, MODEL)
+    while time.monotonic() < deadline and (len(statuses) != count or
+                                           any(s != "READY" for s in statuses)):
+        time.sleep(0.5)
+        statuses = model_status(server, MODEL)
+    return statuses
+
+
+def test_metrics_show_ours(server: Server) -> None:
+    predict(server, {"text": "metrics please", "target_lang": "ko"})
+    predict(server, {"text": "x", "target_lang": "nope"})
+    text = requests.get(f"{server.metrics_url()}/metrics", timeout=10).text
+    for name in ("hymt_requests_total", "hymt_texts_total", "hymt_input_tokens_total",
+                 "hymt_output_tokens_total", "hymt_generation_latency_seconds_bucket",
+                 "hymt_output_tokens_per_second", "hymt_batch_rows"):
+        assert f"\n{name}{{" in text, name
+    assert 'ErrorType="unsupported_language"' in text
+    assert 'Attention="sdpa"' in text and 'Engine="hf"' in text
+    assert "ts_inference_requests_total" in text
