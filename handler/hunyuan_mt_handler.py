@@ -74,7 +74,9 @@ class HunyuanMTHandler:
     def postprocess(self, replies: list[Reply]) -> list[str]:
         """Set each request's status and content type; JSON strings in request order."""
         for index, reply in enumerate(replies):
-            self.context.set_response_status(reply.status, HTTP_PHRASES.get(reply.status, ""), index)
+            self.context.set_response_status(
+                reply.status, HTTP_PHRASES.get(reply.status, ""), index
+            )
             self.context.set_response_content_type(index, "application/json")
         return [json.dumps(reply.body, ensure_ascii=False) for reply in replies]
 

@@ -87,12 +87,23 @@ def _run_archiver(stage: Path, export_path: Path, name: str, version: str, fmt: 
     if fmt == "no-archive":
         shutil.rmtree(export_path / name, ignore_errors=True)
     command = [
-        sys.executable, "-m", "model_archiver.model_packaging",
-        "--model-name", name, "--version", version,
-        "--handler", str(_handler_file()),
-        "--extra-files", str(stage / "extra"),
-        "--config-file", str(stage / "model-config.yaml"),
-        "--export-path", str(export_path.resolve()),
-        "--archive-format", fmt, "--force",
+        sys.executable,
+        "-m",
+        "model_archiver.model_packaging",
+        "--model-name",
+        name,
+        "--version",
+        version,
+        "--handler",
+        str(_handler_file()),
+        "--extra-files",
+        str(stage / "extra"),
+        "--config-file",
+        str(stage / "model-config.yaml"),
+        "--export-path",
+        str(export_path.resolve()),
+        "--archive-format",
+        fmt,
+        "--force",
     ]
     subprocess.run(command, check=True)

@@ -22,8 +22,10 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
 
     tokenizer = None if args.fallback_tokenizer else (args.tokenizer or default_tokenizer_dir())
     out = build_tiny_model(args.out, tokenizer)
-    print(f"tiny random-weight model written to {out} "
-          f"(tokenizer: {tokenizer or 'fallback built by this project'})")
+    print(
+        f"tiny random-weight model written to {out} "
+        f"(tokenizer: {tokenizer or 'fallback built by this project'})"
+    )
     return 0
 
 
@@ -32,8 +34,12 @@ def _cmd_archive(args: argparse.Namespace) -> int:
 
     template = args.template or Path("configs") / f"model-config-{args.profile}.yaml"
     path = build_archive(
-        model_path=args.model_path.resolve(), template=template, export_path=args.export_path,
-        name=args.name, bundle_weights=args.bundle_weights, archive_format=args.format,
+        model_path=args.model_path.resolve(),
+        template=template,
+        export_path=args.export_path,
+        name=args.name,
+        bundle_weights=args.bundle_weights,
+        archive_format=args.format,
         overrides=dict(parse_override(item) for item in args.set),
     )
     print(f"archive written to {path}")
@@ -56,8 +62,12 @@ def _cmd_start(args: argparse.Namespace) -> int:
     overrides = dict(item.split("=", 1) for item in args.set)
     try:
         server, process = start_server(
-            args.config, args.workdir, model_store=args.model_store, models=args.model,
-            overrides=overrides, foreground=args.foreground,
+            args.config,
+            args.workdir,
+            model_store=args.model_store,
+            models=args.model,
+            overrides=overrides,
+            foreground=args.foreground,
         )
         names = _model_names(args.model, server.properties().get("load_models", ""))
         wait_ready(server, names, args.timeout, process)
@@ -65,8 +75,10 @@ def _cmd_start(args: argparse.Namespace) -> int:
         print(f"hymt start: {error}", file=sys.stderr)
         stop(_server(args.workdir))
         return 1
-    print(f"TorchServe ready: {', '.join(names)} at {server.inference_url()} "
-          f"(keys in {server.workdir / 'key_file.json'}, logs in {server.log_dir})")
+    print(
+        f"TorchServe ready: {', '.join(names)} at {server.inference_url()} "
+        f"(keys in {server.workdir / 'key_file.json'}, logs in {server.log_dir})"
+    )
     if process is None:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: stop(server))
@@ -116,8 +128,12 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"text": args.text, "target_lang": args.to}
     if args.source:
         body["source_lang"] = args.source
-    response = requests.post(f"{server.inference_url()}/predictions/{args.model}", json=body,
-                             headers=server.headers("inference"), timeout=300)
+    response = requests.post(
+        f"{server.inference_url()}/predictions/{args.model}",
+        json=body,
+        headers=server.headers("inference"),
+        timeout=300,
+    )
     print(json.dumps(response.json(), ensure_ascii=False, indent=2))
     return 0 if response.ok else 1
 
@@ -129,8 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("tiny-model", help="write a tiny random-weight model folder")
     tiny.add_argument("--out", type=Path, default=Path("build/tiny-model"))
     tiny.add_argument("--tokenizer", type=Path, help="Hunyuan tokenizer folder (default: found)")
-    tiny.add_argument("--fallback-tokenizer", action="store_true",
-                      help="train the project's small tokenizer even if the real one is found")
+    tiny.add_argument(
+        "--fallback-tokenizer",
+        action="store_true",
+        help="train the project's small tokenizer even if the real one is found",
+    )
     tiny.set_defaults(func=_cmd_tiny_model)
 
     archive = sub.add_parser("archive", help="build the model archive into the model store")
@@ -139,11 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
     archive.add_argument("--template", type=Path, help="model-config template (overrides profile)")
     archive.add_argument("--name", default=DEFAULT_MODEL)
     archive.add_argument("--export-path", type=Path, default=Path("model_store"))
-    archive.add_argument("--bundle-weights", action="store_true",
-                         help="copy the model folder into the archive (small models only)")
+    archive.add_argument(
+        "--bundle-weights",
+        action="store_true",
+        help="copy the model folder into the archive (small models only)",
+    )
     archive.add_argument("--format", choices=("default", "no-archive", "tgz"), default="default")
-    archive.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                         help="override a model-config key, e.g. handler.max_new_tokens=16")
+    archive.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a model-config key, e.g. handler.max_new_tokens=16",
+    )
     archive.set_defaults(func=_cmd_archive)
 
     start = sub.add_parser("start", help="start TorchServe and wait until workers are READY")
@@ -151,23 +178,31 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--workdir", type=Path, default=Path("run"))
     start.add_argument("--model-store", type=Path)
     start.add_argument("--model", action="append", default=[], metavar="NAME=ARCHIVE")
-    start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config.properties key, e.g. inference_address=...")
+    start.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config.properties key, e.g. inference_address=...",
+    )
     start.add_argument("--timeout", type=float, default=300.0)
     start.add_argument("--foreground", action="store_true", help="stay attached (containers)")
     start.set_defaults(func=_cmd_start)
 
-    for name, func, text in (("stop", _cmd_stop, "stop TorchServe"),
-                             ("health", _cmd_health, "exit 0 when every worker is READY"),
-                             ("token", _cmd_token, "print a token key"),
-                             ("translate", _cmd_translate, "translate one text")):
+    for name, func, text in (
+        ("stop", _cmd_stop, "stop TorchServe"),
+        ("health", _cmd_health, "exit 0 when every worker is READY"),
+        ("token", _cmd_token, "print a token key"),
+        ("translate", _cmd_translate, "translate one text"),
+    ):
         command = sub.add_parser(name, help=text)
         command.add_argument("--workdir", type=Path, default=Path("run"))
         command.set_defaults(func=func)
         if name in ("health", "translate"):
             command.add_argument("--model", default=DEFAULT_MODEL)
-    sub.choices["token"].add_argument("--api", choices=("inference", "management"),
-                                      default="inference")
+    sub.choices["token"].add_argument(
+        "--api", choices=("inference", "management"), default="inference"
+    )
     translate = sub.choices["translate"]
     translate.add_argument("text")
     translate.add_argument("--to", required=True, help="target language code")

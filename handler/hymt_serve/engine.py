@@ -39,8 +39,12 @@ class LoadPlan:
     quantization: str
 
     def describe(self) -> dict[str, str]:
-        return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
-                "attention": self.attention, "quantization": self.quantization}
+        return {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "attention": self.attention,
+            "quantization": self.quantization,
+        }
 
 
 def plan_load(settings: Settings, gpu_id: int | None = None) -> LoadPlan:
@@ -50,8 +54,12 @@ def plan_load(settings: Settings, gpu_id: int | None = None) -> LoadPlan:
         raise ConfigurationError("device is 'cuda' but no CUDA device is available")
     use_cuda = cuda and settings.device != "cpu"
     device = torch.device("cuda", gpu_id or 0) if use_cuda else torch.device("cpu")
-    return LoadPlan(device, _dtype(settings.dtype, device), _attention(settings.attention, device),
-                    _quantization(settings.quantization, device))
+    return LoadPlan(
+        device,
+        _dtype(settings.dtype, device),
+        _attention(settings.attention, device),
+        _quantization(settings.quantization, device),
+    )
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
@@ -81,7 +89,8 @@ def _quantization(name: str, device: torch.device) -> str:
         raise ConfigurationError(f"quantization {name!r} needs a CUDA device (bitsandbytes)")
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigurationError(
-            f"quantization {name!r} needs bitsandbytes: pip install 'hunyuan-mt-torchserve[quantization]'"
+            f"quantization {name!r} needs bitsandbytes: "
+            "pip install 'hunyuan-mt-torchserve[quantization]'"
         )
     return name
 
@@ -108,7 +117,7 @@ class HFEngine:
         tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
         if not tokenizer.chat_template:
             raise ConfigurationError(f"the tokenizer in {settings.model_path} has no chat template")
-        model = AutoModelForCausalLM.from_pretrained(settings.model_path, **_load_kwargs(plan))
+        model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **_load_kwargs(plan))
         if plan.quantization == "none":
             model.to(plan.device)
         model.eval()
@@ -116,8 +125,9 @@ class HFEngine:
         _freeze_rope(model)
         engine = cls(model, tokenizer, plan, settings)
         engine.load_seconds = time.perf_counter() - started
-        logger.info("loaded %s in %.1f s: %s", model.config.model_type, engine.load_seconds,
-                    plan.describe())
+        logger.info(
+            "loaded %s in %.1f s: %s", model.config.model_type, engine.load_seconds, plan.describe()
+        )
         return engine
 
     def encode_prompt(self, user_turn: str) -> list[int]:
@@ -149,28 +159,42 @@ class HFEngine:
                 )
         except torch.OutOfMemoryError as exc:
             torch.cuda.empty_cache()
-            raise OutOfMemory(f"the device ran out of memory for a batch of {len(rows)} texts",
-                              allowed="fewer or shorter texts per request, or retry") from exc
-        new_tokens = output[:, input_ids.shape[1]:].tolist()
-        return [self._result(tokens, row.max_new_tokens) for tokens, row in zip(new_tokens, rows)]
+            raise OutOfMemory(
+                f"the device ran out of memory for a batch of {len(rows)} texts",
+                allowed="fewer or shorter texts per request, or retry",
+            ) from exc
+        new_tokens = output[:, input_ids.shape[1] :].tolist()
+        return [
+            self._result(tokens, row.max_new_tokens)
+            for tokens, row in zip(new_tokens, rows, strict=True)
+        ]
 
     def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, prompt in enumerate(prompts):
-            ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt):] = 1
+            ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[i, width - len(prompt) :] = 1
         return ids.to(self.plan.device), mask.to(self.plan.device)
 
     def _generation_config(self, max_new_tokens: int, sampling: SamplingParams | None) -> Any:
-        common = {"max_new_tokens": max_new_tokens, "eos_token_id": sorted(self.stop_ids),
-                  "pad_token_id": self.pad_id, "bos_token_id": self.tokenizer.bos_token_id}
+        common = {
+            "max_new_tokens": max_new_tokens,
+            "eos_token_id": sorted(self.stop_ids),
+            "pad_token_id": self.pad_id,
+            "bos_token_id": self.tokenizer.bos_token_id,
+        }
         if sampling is None:
             return GenerationConfig(do_sample=False, **common)
-        return GenerationConfig(do_sample=True, temperature=sampling.temperature,
-                                top_p=sampling.top_p, top_k=sampling.top_k,
-                                repetition_penalty=sampling.repetition_penalty, **common)
+        return GenerationConfig(
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            repetition_penalty=sampling.repetition_penalty,
+            **common,
+        )
 
     def _result(self, tokens: list[int], max_new_tokens: int) -> GenerationResult:
         return make_result(self.tokenizer, tokens[:max_new_tokens], self.stop_ids)
@@ -201,16 +225,24 @@ def make_result(tokenizer: Any, tokens: Sequence[int], stop_ids: set[int]) -> Ge
 
 
 def _load_kwargs(plan: LoadPlan) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"dtype": plan.dtype, "low_cpu_mem_usage": True,
-                              "attn_implementation": plan.attention}
+    kwargs: dict[str, Any] = {
+        "dtype": plan.dtype,
+        "low_cpu_mem_usage": True,
+        "attn_implementation": plan.attention,
+    }
     if plan.quantization != "none":
         from transformers import BitsAndBytesConfig
 
         kwargs["device_map"] = {"": plan.device}
         kwargs["quantization_config"] = (
-            BitsAndBytesConfig(load_in_8bit=True) if plan.quantization == "int8" else
-            BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                               bnb_4bit_compute_dtype=plan.dtype, bnb_4bit_use_double_quant=True)
+            BitsAndBytesConfig(load_in_8bit=True)
+            if plan.quantization == "int8"
+            else BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=plan.dtype,
+                bnb_4bit_use_double_quant=True,
+            )
         )
     return kwargs
 

@@ -22,8 +22,15 @@ from pathlib import Path
 
 import requests
 
-PATH_KEYS = ("model_store", "metrics_config", "workflow_store", "keystore", "private_key_file",
-             "certificate_file", "plugins_path")
+PATH_KEYS = (
+    "model_store",
+    "metrics_config",
+    "workflow_store",
+    "keystore",
+    "private_key_file",
+    "certificate_file",
+    "plugins_path",
+)
 KEY_FILE = "key_file.json"
 MIN_JAVA = 11
 
@@ -196,21 +203,30 @@ def start(
     if models:
         command += ["--models", *models]
     if foreground:
-        process = subprocess.Popen([*command, "--foreground"], cwd=workdir,
-                                   env=server.environment())
+        process = subprocess.Popen(
+            [*command, "--foreground"], cwd=workdir, env=server.environment()
+        )
         return server, process
     server.log_dir.mkdir(exist_ok=True)
     # The Java server inherits these streams: a pipe would keep the caller's pipeline open.
     with open(server.log_dir / "start.log", "ab") as log:
-        subprocess.run(command, cwd=workdir, env=server.environment(), check=True,
-                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            command,
+            cwd=workdir,
+            env=server.environment(),
+            check=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     return server, None
 
 
 def model_status(server: Server, name: str) -> list[str]:
     """Worker statuses of model ``name`` from the describe API ([] if not registered yet)."""
-    response = requests.get(f"{server.management_url()}/models/{name}",
-                            headers=server.headers("management"), timeout=10)
+    response = requests.get(
+        f"{server.management_url()}/models/{name}", headers=server.headers("management"), timeout=10
+    )
     if response.status_code != 200:
         return []
     described = response.json()
@@ -238,7 +254,9 @@ def wait_ready(
         except (requests.RequestException, ValueError, KeyError):
             pass
         time.sleep(0.5)
-    raise LaunchError(f"models {list(names)} not READY after {timeout:.0f} s\n{log_excerpt(server)}")
+    raise LaunchError(
+        f"models {list(names)} not READY after {timeout:.0f} s\n{log_excerpt(server)}"
+    )
 
 
 def _ready(statuses: list[str]) -> bool:
@@ -262,7 +280,14 @@ def stop(server: Server, timeout: float = 60.0) -> bool:
     """Stop the server of this work folder; True if one was running."""
     if server.pid() is None:
         return False
-    subprocess.run([*torchserve_command(), "--stop", "--foreground"], cwd=server.workdir,
-                   env=server.environment(), timeout=timeout, check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    subprocess.run(
+        [*torchserve_command(), "--stop", "--foreground"],
+        cwd=server.workdir,
+        env=server.environment(),
+        timeout=timeout,
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
     return True

@@ -67,8 +67,12 @@ def _registered(cache: Any, spec: MetricSpec, kind: Any) -> Any:
     try:
         return cache.get_metric(spec.name, kind)
     except Exception:  # TorchServe raises its MetricsCacheKeyError when not declared
-        return cache.add_metric_to_cache(metric_name=spec.name, unit=spec.unit,
-                                         dimension_names=list(spec.dimensions), metric_type=kind)
+        return cache.add_metric_to_cache(
+            metric_name=spec.name,
+            unit=spec.unit,
+            dimension_names=list(spec.dimensions),
+            metric_type=kind,
+        )
 
 
 class TorchServeRecorder:
@@ -78,8 +82,9 @@ class TorchServeRecorder:
         from ts.metrics.metric_type_enum import MetricTypes
 
         self._model = model_name
-        self._metrics = {spec.name: _registered(cache, spec, MetricTypes(spec.kind))
-                         for spec in DECLARED}
+        self._metrics = {
+            spec.name: _registered(cache, spec, MetricTypes(spec.kind)) for spec in DECLARED
+        }
 
     def _emit(self, name: str, value: float, *extra: str) -> None:
         self._metrics[name].add_or_update(value, [self._model, "Model", *extra])

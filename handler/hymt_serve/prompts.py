@@ -13,7 +13,9 @@ from .languages import Language, looks_chinese
 Template = Literal["zh", "en"]
 
 _ZH_TEMPLATE = "把下面的文本翻译成{target}，不要额外解释。\n\n{text}"
-_EN_TEMPLATE = "Translate the following segment into {target}, without additional explanation.\n\n{text}"
+_EN_TEMPLATE = (
+    "Translate the following segment into {target}, without additional explanation.\n\n{text}"
+)
 
 
 def choose_template(text: str, source: Language | None, target: Language) -> Template:

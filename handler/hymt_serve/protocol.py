@@ -49,8 +49,11 @@ def decode_body(body: Any) -> dict[str, Any]:
     type) arrives as form fields, not as a body.
     """
     if body is None:
-        raise InvalidRequest("no JSON body found; send a JSON object with the header "
-                             "'Content-Type: application/json'", allowed={"fields": list(FIELDS)})
+        raise InvalidRequest(
+            "no JSON body found; send a JSON object with the header "
+            "'Content-Type: application/json'",
+            allowed={"fields": list(FIELDS)},
+        )
     if isinstance(body, (bytes, bytearray)):
         try:
             body = bytes(body).decode("utf-8")
@@ -64,8 +67,10 @@ def decode_body(body: Any) -> dict[str, Any]:
         try:
             body = json.loads(body)
         except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"request body is not valid JSON: {exc.msg} at char {exc.pos}",
-                                 allowed="a JSON object") from exc
+            raise InvalidRequest(
+                f"request body is not valid JSON: {exc.msg} at char {exc.pos}",
+                allowed="a JSON object",
+            ) from exc
     if not isinstance(body, dict):
         raise InvalidRequest(
             f"request body must be a JSON object, got {type(body).__name__}",
@@ -107,8 +112,11 @@ def _canonical_fields(body: Mapping[str, Any]) -> dict[str, Any]:
         if name not in FIELDS:
             raise InvalidRequest(f"unknown field {key!r}", allowed=[*FIELDS, *ALIASES], field=key)
         if name in fields and fields[name] != value:
-            raise InvalidRequest(f"{name!r} is given twice (once as an alias) with different values",
-                                 allowed=f"one of {name!r} or its alias", field=key)
+            raise InvalidRequest(
+                f"{name!r} is given twice (once as an alias) with different values",
+                allowed=f"one of {name!r} or its alias",
+                field=key,
+            )
         fields[name] = value
     return fields
 
@@ -117,22 +125,37 @@ def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
     single = isinstance(value, str)
     items = [value] if single else value
     if not isinstance(items, list) or not items:
-        raise InvalidRequest("'text' must be a non-empty string or a non-empty list of strings",
-                             allowed="string or list of strings", field="text")
+        raise InvalidRequest(
+            "'text' must be a non-empty string or a non-empty list of strings",
+            allowed="string or list of strings",
+            field="text",
+        )
     if len(items) > settings.max_texts_per_request:
-        raise PayloadTooLarge(f"{len(items)} texts in one request",
-                              allowed=f"at most {settings.max_texts_per_request}", field="text")
+        raise PayloadTooLarge(
+            f"{len(items)} texts in one request",
+            allowed=f"at most {settings.max_texts_per_request}",
+            field="text",
+        )
     for index, item in enumerate(items):
         where = "text" if single else f"text[{index}]"
         if not isinstance(item, str):
-            raise InvalidRequest(f"{where} must be a string, got {type(item).__name__}",
-                                 allowed="string", field="text")
+            raise InvalidRequest(
+                f"{where} must be a string, got {type(item).__name__}",
+                allowed="string",
+                field="text",
+            )
         if not item.strip():
-            raise InvalidRequest(f"{where} is empty or whitespace only",
-                                 allowed="text with at least one visible character", field="text")
+            raise InvalidRequest(
+                f"{where} is empty or whitespace only",
+                allowed="text with at least one visible character",
+                field="text",
+            )
         if len(item) > settings.max_chars_per_text:
-            raise PayloadTooLarge(f"{where} has {len(item)} characters",
-                                  allowed=f"at most {settings.max_chars_per_text}", field="text")
+            raise PayloadTooLarge(
+                f"{where} has {len(item)} characters",
+                allowed=f"at most {settings.max_chars_per_text}",
+                field="text",
+            )
     return tuple(items), single
 
 
@@ -140,12 +163,17 @@ def _language(value: Any, name: str, *, required: bool) -> Language | None:
     if value is None and not required:
         return None
     if not isinstance(value, str):
-        missing = "is required" if value is None else f"must be a string, got {type(value).__name__}"
+        missing = (
+            "is required" if value is None else f"must be a string, got {type(value).__name__}"
+        )
         raise InvalidRequest(f"{name} {missing}", allowed=list(SUPPORTED_CODES), field=name)
     language = lookup(value)
     if language is None:
-        raise UnsupportedLanguage(f"{name} {value!r} is not a supported language code",
-                                  allowed=list(SUPPORTED_CODES), field=name)
+        raise UnsupportedLanguage(
+            f"{name} {value!r} is not a supported language code",
+            allowed=list(SUPPORTED_CODES),
+            field=name,
+        )
     return language
 
 
@@ -153,20 +181,29 @@ def _max_new_tokens(value: Any, cap: int) -> int:
     if value is None:
         return cap
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cap:
-        raise InvalidRequest(f"max_new_tokens must be an integer in [1, {cap}], got {value!r}",
-                             allowed=f"[1, {cap}]", field="max_new_tokens")
+        raise InvalidRequest(
+            f"max_new_tokens must be an integer in [1, {cap}], got {value!r}",
+            allowed=f"[1, {cap}]",
+            field="max_new_tokens",
+        )
     return value
 
 
 def _sampling(fields: Mapping[str, Any], defaults: SamplingParams) -> SamplingParams | None:
     enabled = fields.get("sampling", False)
     if not isinstance(enabled, bool):
-        raise InvalidRequest(f"sampling must be true or false, got {enabled!r}",
-                             allowed=[True, False], field="sampling")
+        raise InvalidRequest(
+            f"sampling must be true or false, got {enabled!r}",
+            allowed=[True, False],
+            field="sampling",
+        )
     overrides = {key: fields[key] for key in SAMPLING_FIELDS if key in fields}
     if overrides and not enabled:
-        raise InvalidRequest(f"{sorted(overrides)} only apply with \"sampling\": true",
-                             allowed="sampling: true, or leave them out", field=sorted(overrides)[0])
+        raise InvalidRequest(
+            f'{sorted(overrides)} only apply with "sampling": true',
+            allowed="sampling: true, or leave them out",
+            field=sorted(overrides)[0],
+        )
     if not enabled:
         return None
     for key, value in overrides.items():
@@ -178,14 +215,20 @@ def _check_sampling_value(key: str, value: Any) -> None:
     if key == "top_k":
         low, high = INT_BOUNDS["top_k"]
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise InvalidRequest(f"top_k must be an integer in [{low}, {high}], got {value!r}",
-                                 allowed=f"[{low}, {high}]", field=key)
+            raise InvalidRequest(
+                f"top_k must be an integer in [{low}, {high}], got {value!r}",
+                allowed=f"[{low}, {high}]",
+                field=key,
+            )
         return
     low_f, high_f, _ = FLOAT_BOUNDS[key]
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not number or not math.isfinite(value) or not low_f < value <= high_f:
-        raise InvalidRequest(f"{key} must be a number in ({low_f}, {high_f}], got {value!r}",
-                             allowed=f"({low_f}, {high_f}]", field=key)
+        raise InvalidRequest(
+            f"{key} must be a number in ({low_f}, {high_f}], got {value!r}",
+            allowed=f"({low_f}, {high_f}]",
+            field=key,
+        )
 
 
 def render_response(
@@ -197,8 +240,13 @@ def render_response(
 ) -> dict[str, Any]:
     """The JSON response for a request whose texts were all translated."""
     items = [
-        {"text": result.text, "input_tokens": n_in, "output_tokens": result.output_tokens,
-         "finish_reason": result.finish_reason, "template": template}
+        {
+            "text": result.text,
+            "input_tokens": n_in,
+            "output_tokens": result.output_tokens,
+            "finish_reason": result.finish_reason,
+            "template": template,
+        }
         for result, n_in, template in zip(results, input_tokens, templates, strict=True)
     ]
     response: dict[str, Any] = {}
@@ -208,8 +256,10 @@ def render_response(
         translations=items,
         source_lang=request.source.code if request.source else None,
         target_lang=request.target.code,
-        usage={"input_tokens": sum(input_tokens),
-               "output_tokens": sum(r.output_tokens for r in results)},
+        usage={
+            "input_tokens": sum(input_tokens),
+            "output_tokens": sum(r.output_tokens for r in results),
+        },
         request_id=request_id,
     )
     return response

@@ -108,12 +108,14 @@ class TranslationService:
             failure: ServiceError = error
         except Exception as exc:  # the boundary: any engine failure fails this batch only
             logger.exception("generation failed for a batch of %d rows", len(rows))
-            failure = GenerationFailed(f"generation failed: {type(exc).__name__}",
-                                       allowed="retry the request")
+            failure = GenerationFailed(
+                f"generation failed: {type(exc).__name__}", allowed="retry the request"
+            )
         else:
             per_request = split(results, owners, len(outcomes))
-            return [o if isinstance(o, ServiceError) else per_request[i]
-                    for i, o in enumerate(outcomes)]
+            return [
+                o if isinstance(o, ServiceError) else per_request[i] for i, o in enumerate(outcomes)
+            ]
         return [o if isinstance(o, ServiceError) else failure for o in outcomes]
 
     def _run_engine(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
@@ -125,8 +127,13 @@ class TranslationService:
         n_in = sum(len(row.prompt_ids) for row in rows)
         n_out = sum(result.output_tokens for result in results)
         self.recorder.generation(seconds=seconds, input_tokens=n_in, output_tokens=n_out)
-        logger.info("generated %d rows: %d prompt tokens, %d output tokens in %.3f s",
-                    len(rows), n_in, n_out, seconds)
+        logger.info(
+            "generated %d rows: %d prompt tokens, %d output tokens in %.3f s",
+            len(rows),
+            n_in,
+            n_out,
+            seconds,
+        )
         return results
 
     def render(
@@ -140,12 +147,15 @@ class TranslationService:
         for outcome, result, request_id in zip(outcomes, generated, request_ids, strict=True):
             if isinstance(result, ServiceError):
                 self.recorder.error(result.error_type)
-                logger.info("request %s failed: %d %s", request_id, result.status, result.error_type)
+                logger.info(
+                    "request %s failed: %d %s", request_id, result.status, result.error_type
+                )
                 replies.append(Reply(result.status, result.body(request_id)))
                 continue
             assert isinstance(outcome, Prepared)
             input_tokens = [len(row.prompt_ids) for row in outcome.rows]
-            body = render_response(outcome.request, result, input_tokens, outcome.templates,
-                                   request_id)
+            body = render_response(
+                outcome.request, result, input_tokens, outcome.templates, request_id
+            )
             replies.append(Reply(200, body))
         return replies

@@ -72,17 +72,25 @@ class Settings:
     ) -> Settings:
         """Settings from the ``handler:`` section. Raises ConfigurationError naming the key."""
         values = dict(raw or {})
-        known = {f.name for f in fields(cls) if f.name != "sampling"} | set(FLOAT_BOUNDS) | {"top_k"}
+        known = (
+            {f.name for f in fields(cls) if f.name != "sampling"} | set(FLOAT_BOUNDS) | {"top_k"}
+        )
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigurationError(
                 f"unknown handler setting(s) {unknown}; allowed: {sorted(known)}"
             )
         model_path = _model_path(values.pop("model_path", None), model_dir, environ)
-        choices = {key: _choice(key, values.pop(key)) for key in CHOICES if key in values}
-        ints = {key: _bounded_int(key, values.pop(key)) for key in INT_BOUNDS if key in values}
-        floats = {key: _bounded_float(key, values.pop(key)) for key in FLOAT_BOUNDS if key in values}
-        sampling = SamplingParams(**floats, **({"top_k": ints.pop("top_k")} if "top_k" in ints else {}))
+        choices: dict[str, Any] = {k: _choice(k, values.pop(k)) for k in CHOICES if k in values}
+        ints: dict[str, Any] = {
+            k: _bounded_int(k, values.pop(k)) for k in INT_BOUNDS if k in values
+        }
+        floats: dict[str, Any] = {
+            key: _bounded_float(key, values.pop(key)) for key in FLOAT_BOUNDS if key in values
+        }
+        sampling = SamplingParams(
+            **floats, **({"top_k": ints.pop("top_k")} if "top_k" in ints else {})
+        )
         return cls(model_path=model_path, sampling=sampling, **choices, **ints)
 
     def public(self) -> dict[str, Any]:
@@ -128,5 +136,7 @@ def _bounded_float(key: str, value: Any) -> float:
     in_range = ok_type and (value > low if low_open else value >= low) and value <= high
     if not in_range:
         bracket = "(" if low_open else "["
-        raise ConfigurationError(f"{key} must be a number in {bracket}{low}, {high}], got {value!r}")
+        raise ConfigurationError(
+            f"{key} must be a number in {bracket}{low}, {high}], got {value!r}"
+        )
     return float(value)

@@ -17,7 +17,11 @@ from .languages import LANGUAGES
 
 TOKENIZER_ENV = "HYMT_TOKENIZER_DIR"
 SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|startoftext|>", "<|bos|>", "<|eos|>", "<|pad|>",
+    "<|endoftext|>",
+    "<|startoftext|>",
+    "<|bos|>",
+    "<|eos|>",
+    "<|pad|>",
     *(f"<|extra_{i}|>" for i in range(205)),
 )
 # Renders turns like the Hunyuan 7B template: a user turn is <|startoftext|>...<|extra_0|>.
@@ -31,20 +35,33 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
 )
 TINY_SHAPE: dict[str, Any] = {
-    "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "use_qk_norm": True,
-    "rope_theta": 10000.0, "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "use_qk_norm": True,
+    "rope_theta": 10000.0,
+    "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
     "tie_word_embeddings": True,
 }
 _SAMPLE_TEXT = (
     "Hello, world. How are you today? The weather is nice. Machine translation is useful.",
     "你好，世界。今天天气很好。机器翻译很有用。我们一起去吃饭吧。",
-    "こんにちは、世界。今日はいい天気ですね。", "안녕하세요, 세계. 오늘 날씨가 좋네요.",
-    "Bonjour le monde. Il fait beau aujourd'hui.", "Hallo Welt. Das Wetter ist heute schön.",
-    "Привет, мир. Сегодня хорошая погода.", "مرحبا بالعالم. الطقس جميل اليوم.",
-    "שלום עולם. מזג האוויר יפה היום.", "Xin chào thế giới. Hôm nay trời đẹp.",
-    "สวัสดีชาวโลก วันนี้อากาศดี", "नमस्ते दुनिया। आज मौसम अच्छा है।", "😀👍🌍",
+    "こんにちは、世界。今日はいい天気ですね。",
+    "안녕하세요, 세계. 오늘 날씨가 좋네요.",
+    "Bonjour le monde. Il fait beau aujourd'hui.",
+    "Hallo Welt. Das Wetter ist heute schön.",
+    "Привет, мир. Сегодня хорошая погода.",
+    "مرحبا بالعالم. الطقس جميل اليوم.",
+    "שלום עולם. מזג האוויר יפה היום.",
+    "Xin chào thế giới. Hôm nay trời đẹp.",
+    "สวัสดีชาวโลก วันนี้อากาศดี",
+    "नमस्ते दुनिया। आज मौसम अच्छा है।",
+    "😀👍🌍",
 )
 
 
@@ -69,13 +86,18 @@ def build_fallback_tokenizer() -> Any:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=3000, special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=3000,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator(_training_corpus(), trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<|startoftext|>", eos_token="<|eos|>",
-        pad_token="<|pad|>", chat_template=CHAT_TEMPLATE,
+        tokenizer_object=tokenizer,
+        bos_token="<|startoftext|>",
+        eos_token="<|eos|>",
+        pad_token="<|pad|>",
+        chat_template=CHAT_TEMPLATE,
     )
 
 
@@ -95,21 +117,32 @@ def build_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None, seed: int
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = (AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir
-                 else build_fallback_tokenizer())
-    ids = {name: tokenizer.convert_tokens_to_ids(name)
-           for name in ("<|startoftext|>", "<|eos|>", "<|pad|>")}
+    tokenizer = (
+        AutoTokenizer.from_pretrained(tokenizer_dir)
+        if tokenizer_dir
+        else build_fallback_tokenizer()
+    )
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(name)
+        for name in ("<|startoftext|>", "<|eos|>", "<|pad|>")
+    }
     config = AutoConfig.for_model(
-        model_type="hunyuan_v1_dense", vocab_size=len(tokenizer),
-        bos_token_id=ids["<|startoftext|>"], eos_token_id=ids["<|eos|>"],
-        pad_token_id=ids["<|pad|>"], **TINY_SHAPE,
+        model_type="hunyuan_v1_dense",
+        vocab_size=len(tokenizer),
+        bos_token_id=ids["<|startoftext|>"],
+        eos_token_id=ids["<|eos|>"],
+        pad_token_id=ids["<|pad|>"],
+        **TINY_SHAPE,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    about = {"random_weights": True, "tokenizer": str(tokenizer_dir) if tokenizer_dir else "fallback",
-             "note": "random weights: its translations are meaningless; serve a real model folder"}
+    about = {
+        "random_weights": True,
+        "tokenizer": str(tokenizer_dir) if tokenizer_dir else "fallback",
+        "note": "random weights: its translations are meaningless; serve a real model folder",
+    }
     (out_dir / "TINY_MODEL.json").write_text(json.dumps(about, indent=2) + "\n")
     return out_dir

@@ -1,4 +1,4 @@
-"""Helpers for in-process handler tests: TorchServe's real Context and metric cache, a fake engine."""
+"""In-process handler test helpers: TorchServe's real Context and metric cache, a fake engine."""
 
 from __future__ import annotations
 
@@ -18,8 +18,16 @@ def make_context(handler_settings: dict[str, Any], model_dir: Path | str = ".") 
     metrics = MetricsCacheYamlImpl(config_file_path=str(REPO / "configs/metrics.yaml"))
     metrics.initialize_cache()
     metrics.model_name = "hunyuan-mt"
-    return Context("hunyuan-mt", str(model_dir), {}, 4, None, "0.12.0", metrics=metrics,
-                   model_yaml_config={"handler": handler_settings})
+    return Context(
+        "hunyuan-mt",
+        str(model_dir),
+        {},
+        4,
+        None,
+        "0.12.0",
+        metrics=metrics,
+        model_yaml_config={"handler": handler_settings},
+    )
 
 
 def set_batch(context: Context, size: int, headers: Sequence[dict[str, str]] | None = None) -> None:
@@ -52,5 +60,10 @@ class FakeEngine:
         return results
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "fake", "attention": "none", "dtype": "none", "device": "cpu",
-                "quantization": "none"}
+        return {
+            "engine": "fake",
+            "attention": "none",
+            "dtype": "none",
+            "device": "cpu",
+            "quantization": "none",
+        }

@@ -11,8 +11,13 @@ from fakes import FakeEngine, make_context, set_batch
 from hunyuan_mt_handler import HunyuanMTHandler
 from hymt_serve.errors import OutOfMemory
 
-SETTINGS = {"model_path": "/unused", "max_new_tokens": 20, "max_texts_per_request": 4,
-            "max_chars_per_text": 100, "max_input_tokens": 150}
+SETTINGS = {
+    "model_path": "/unused",
+    "max_new_tokens": 20,
+    "max_texts_per_request": 4,
+    "max_chars_per_text": 100,
+    "max_input_tokens": 150,
+}
 
 
 def run(handler: HunyuanMTHandler, bodies: list[Any]) -> list[tuple[int, dict[str, Any]]]:
@@ -30,15 +35,19 @@ def handler(fake_engine: FakeEngine) -> HunyuanMTHandler:
     return h
 
 
-def test_one_bad_request_does_not_fail_its_batch(handler: HunyuanMTHandler,
-                                                 fake_engine: FakeEngine) -> None:
-    replies = run(handler, [
-        {"text": "hello", "target_lang": "fr", "source_lang": "en"},
-        {"text": "x", "target_lang": "klingon"},
-        {"text": ["ab", "cd"], "target_lang": "zh"},
-        b"\xff not utf-8",
-        {"text": "y" * 101, "target_lang": "en"},
-    ])
+def test_one_bad_request_does_not_fail_its_batch(
+    handler: HunyuanMTHandler, fake_engine: FakeEngine
+) -> None:
+    replies = run(
+        handler,
+        [
+            {"text": "hello", "target_lang": "fr", "source_lang": "en"},
+            {"text": "x", "target_lang": "klingon"},
+            {"text": ["ab", "cd"], "target_lang": "zh"},
+            b"\xff not utf-8",
+            {"text": "y" * 101, "target_lang": "en"},
+        ],
+    )
     assert [status for status, _ in replies] == [200, 400, 200, 400, 413]
     assert replies[0][1]["translation"] == "HELLO"
     assert [t["text"] for t in replies[2][1]["translations"]] == ["AB", "CD"]
@@ -49,7 +58,9 @@ def test_one_bad_request_does_not_fail_its_batch(handler: HunyuanMTHandler,
 
 
 def test_max_new_tokens_caps_output(handler: HunyuanMTHandler) -> None:
-    [(status, body)] = run(handler, [{"text": "abcdefgh", "target_lang": "de", "max_new_tokens": 3}])
+    [(status, body)] = run(
+        handler, [{"text": "abcdefgh", "target_lang": "de", "max_new_tokens": 3}]
+    )
     assert status == 200
     item = body["translations"][0]
     assert (item["text"], item["output_tokens"], item["finish_reason"]) == ("ABC", 3, "length")
@@ -59,15 +70,21 @@ def test_max_new_tokens_caps_output(handler: HunyuanMTHandler) -> None:
 def test_prompt_over_the_token_limit_is_413_not_truncated(handler: HunyuanMTHandler) -> None:
     # The English template is ~80 ids in the fake engine: 99 characters pass the character
     # limit (100) but make a prompt over max_input_tokens (150).
-    replies = run(handler, [{"text": ["short", "z" * 99], "target_lang": "de"},
-                            {"text": "z" * 40, "target_lang": "de"}])
+    replies = run(
+        handler,
+        [
+            {"text": ["short", "z" * 99], "target_lang": "de"},
+            {"text": "z" * 40, "target_lang": "de"},
+        ],
+    )
     assert [status for status, _ in replies] == [413, 200]
     assert replies[0][1]["error"].startswith("text[1] makes a prompt of")
     assert replies[0][1]["allowed"] == "at most 150 prompt tokens per text"
 
 
-def test_engine_failure_fails_the_batch_with_json_500(handler: HunyuanMTHandler,
-                                                      fake_engine: FakeEngine) -> None:
+def test_engine_failure_fails_the_batch_with_json_500(
+    handler: HunyuanMTHandler, fake_engine: FakeEngine
+) -> None:
     fake_engine.failure = RuntimeError("kernel exploded")
     replies = run(handler, [{"text": "a", "target_lang": "en"}, {"text": "b", "target_lang": "xx"}])
     assert [status for status, _ in replies] == [500, 400]
@@ -83,8 +100,9 @@ def test_out_of_memory_is_507(handler: HunyuanMTHandler, fake_engine: FakeEngine
     assert (status, body["error_type"]) == (507, "out_of_memory")
 
 
-def test_all_bad_batch_never_calls_the_engine(handler: HunyuanMTHandler,
-                                              fake_engine: FakeEngine) -> None:
+def test_all_bad_batch_never_calls_the_engine(
+    handler: HunyuanMTHandler, fake_engine: FakeEngine
+) -> None:
     replies = run(handler, [{"text": ""}, {}])
     assert [status for status, _ in replies] == [400, 400]
     assert fake_engine.calls == []
@@ -99,10 +117,17 @@ def test_describe(handler: HunyuanMTHandler) -> None:
     assert described["settings"]["max_new_tokens"] == 20
 
 
-def test_user_text_is_not_logged_above_debug(handler: HunyuanMTHandler,
-                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_user_text_is_not_logged_above_debug(
+    handler: HunyuanMTHandler, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level("INFO")
-    run(handler, [{"text": "secret-sentence-42", "target_lang": "fr"}, {"text": "secret-2", "target_lang": "??"}])
+    run(
+        handler,
+        [
+            {"text": "secret-sentence-42", "target_lang": "fr"},
+            {"text": "secret-2", "target_lang": "??"},
+        ],
+    )
     assert caplog.records  # the handler does log at INFO ...
     assert "secret" not in caplog.text.lower()  # ... but never the text
 

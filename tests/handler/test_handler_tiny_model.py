@@ -20,8 +20,9 @@ BOS, END_OF_USER_TURN = "<|startoftext|>", "<|extra_0|>"
 
 
 def engine_for(model_dir: Path, **settings: Any) -> HFEngine:
-    return HFEngine.load(Settings.from_mapping({"model_path": str(model_dir), **settings},
-                                               environ={}))
+    return HFEngine.load(
+        Settings.from_mapping({"model_path": str(model_dir), **settings}, environ={})
+    )
 
 
 @pytest.fixture(scope="module")
@@ -29,37 +30,138 @@ def real_engine(real_tokenizer_model_dir: Path) -> HFEngine:
     return engine_for(real_tokenizer_model_dir, max_new_tokens=12)
 
 
-def test_prompt_ids_equal_the_official_tokenizer(real_engine: HFEngine,
-                                                 shared_tokenizer_dir: Path) -> None:
+def test_prompt_ids_equal_the_official_tokenizer(
+    real_engine: HFEngine, shared_tokenizer_dir: Path
+) -> None:
     cases = json.loads((shared_tokenizer_dir / "token_vectors.json").read_text())["cases"]
-    single_turns = [c for c in cases if c["rendered"].count(BOS) == 1
-                    and c["rendered"].endswith(END_OF_USER_TURN) and "<|extra_4|>" not in c["rendered"]]
+    single_turns = [
+        c
+        for c in cases
+        if c["rendered"].count(BOS) == 1
+        and c["rendered"].endswith(END_OF_USER_TURN)
+        and "<|extra_4|>" not in c["rendered"]
+    ]
     assert len(single_turns) >= 3
     for case in single_turns:
-        content = case["rendered"][len(BOS):-len(END_OF_USER_TURN)]
+        content = case["rendered"][len(BOS) : -len(END_OF_USER_TURN)]
         assert real_engine.encode_prompt(content) == case["tokens"]
 
 
 # Golden ids of whole templated prompts, from the real tokenizer. The English template's head
 # (28573, 279, 2768 = "Translate the following") matches the official vectors above.
 GOLDEN_PROMPT_IDS = [
-    ("zh", "en", "你好，世界。", [127958, 100416, 103272, 106111, 13153, 105078, 3922, 101007,
-                                  109397, 102189, 3490, 109419, 3922, 100561, 1811, 127962]),
-    ("en", "zh", "Hello, world.", [127958, 100416, 103272, 106111, 13153, 104568, 3922, 101007,
-                                   109397, 102189, 3490, 9906, 11, 1917, 13, 127962]),
-    ("en", "fr", "Good morning.", [127958, 28573, 279, 2768, 10449, 1139, 8753, 11, 2085, 5217,
-                                   16540, 382, 15571, 6693, 13, 127962]),
-    ("ar", "en", "مرحبا بالعالم", [127958, 28573, 279, 2768, 10449, 1139, 6498, 11, 2085, 5217,
-                                    16540, 382, 10386, 11318, 30925, 22071, 5821, 28946, 32482,
-                                    24102, 32482, 10386, 127962]),
-    ("ja", "en", "こんにちは", [127958, 28573, 279, 2768, 10449, 1139, 6498, 11, 2085, 5217,
-                                16540, 382, 90115, 127962]),
+    (
+        "zh",
+        "en",
+        "你好，世界。",
+        [
+            127958,
+            100416,
+            103272,
+            106111,
+            13153,
+            105078,
+            3922,
+            101007,
+            109397,
+            102189,
+            3490,
+            109419,
+            3922,
+            100561,
+            1811,
+            127962,
+        ],
+    ),
+    (
+        "en",
+        "zh",
+        "Hello, world.",
+        [
+            127958,
+            100416,
+            103272,
+            106111,
+            13153,
+            104568,
+            3922,
+            101007,
+            109397,
+            102189,
+            3490,
+            9906,
+            11,
+            1917,
+            13,
+            127962,
+        ],
+    ),
+    (
+        "en",
+        "fr",
+        "Good morning.",
+        [
+            127958,
+            28573,
+            279,
+            2768,
+            10449,
+            1139,
+            8753,
+            11,
+            2085,
+            5217,
+            16540,
+            382,
+            15571,
+            6693,
+            13,
+            127962,
+        ],
+    ),
+    (
+        "ar",
+        "en",
+        "مرحبا بالعالم",
+        [
+            127958,
+            28573,
+            279,
+            2768,
+            10449,
+            1139,
+            6498,
+            11,
+            2085,
+            5217,
+            16540,
+            382,
+            10386,
+            11318,
+            30925,
+            22071,
+            5821,
+            28946,
+            32482,
+            24102,
+            32482,
+            10386,
+            127962,
+        ],
+    ),
+    (
+        "ja",
+        "en",
+        "こんにちは",
+        [127958, 28573, 279, 2768, 10449, 1139, 6498, 11, 2085, 5217, 16540, 382, 90115, 127962],
+    ),
 ]
 
 
 @pytest.mark.parametrize(("source", "target", "text", "ids"), GOLDEN_PROMPT_IDS)
-def test_golden_prompt_ids(real_engine: HFEngine, source: str, target: str, text: str,
-                           ids: list[int]) -> None:
+def test_golden_prompt_ids(
+    real_engine: HFEngine, source: str, target: str, text: str, ids: list[int]
+) -> None:
     prompt, _ = build_prompt(text, LANGUAGES[source], LANGUAGES[target])
     assert real_engine.encode_prompt(prompt) == ids
     assert real_engine.tokenizer.decode(ids[1:-1]) == prompt
@@ -72,8 +174,13 @@ def test_stop_token_is_eos_127960(real_engine: HFEngine) -> None:
 
 def test_batched_greedy_equals_one_at_a_time(real_engine: HFEngine) -> None:
     texts = ["Hi", "A much longer sentence that needs more prompt tokens than the first.", "你好"]
-    rows = [GenerationRow(tuple(real_engine.encode_prompt(build_prompt(t, None, LANGUAGES["fr"])[0])),
-                          max_new_tokens=n) for t, n in zip(texts, (12, 5, 9))]
+    rows = [
+        GenerationRow(
+            tuple(real_engine.encode_prompt(build_prompt(t, None, LANGUAGES["fr"])[0])),
+            max_new_tokens=n,
+        )
+        for t, n in zip(texts, (12, 5, 9), strict=True)
+    ]
     batched = real_engine.generate(rows)
     alone = [real_engine.generate([row])[0] for row in rows]
     assert [r.token_ids for r in batched] == [r.token_ids for r in alone]
@@ -84,8 +191,11 @@ def test_batched_greedy_equals_one_at_a_time(real_engine: HFEngine) -> None:
 def test_sampling_rows_run_beside_greedy_rows(real_engine: HFEngine) -> None:
     from hymt_serve.generation import SamplingParams
 
-    ids = tuple(real_engine.encode_prompt("Translate the following segment into German, "
-                                          "without additional explanation.\n\nHello"))
+    ids = tuple(
+        real_engine.encode_prompt(
+            "Translate the following segment into German, without additional explanation.\n\nHello"
+        )
+    )
     rows = [GenerationRow(ids, 6), GenerationRow(ids, 6, SamplingParams()), GenerationRow(ids, 6)]
     results = real_engine.generate(rows)
     assert results[0].token_ids == results[2].token_ids
@@ -94,13 +204,21 @@ def test_sampling_rows_run_beside_greedy_rows(real_engine: HFEngine) -> None:
 
 def test_handler_end_to_end(real_tokenizer_model_dir: Path) -> None:
     handler = HunyuanMTHandler()
-    context = make_context({"model_path": str(real_tokenizer_model_dir), "max_new_tokens": 8},
-                           model_dir=real_tokenizer_model_dir)
+    context = make_context(
+        {"model_path": str(real_tokenizer_model_dir), "max_new_tokens": 8},
+        model_dir=real_tokenizer_model_dir,
+    )
     handler.initialize(context)
-    bodies = [{"text": "你好，世界。", "target_lang": "en"},
-              {"text": ["Good morning.", "Good night."], "source_lang": "en", "tgt_lang": "fr",
-               "max_new_tokens": 4},
-              {"text": "x", "target_lang": "en", "source_lang": "en"}]
+    bodies = [
+        {"text": "你好，世界。", "target_lang": "en"},
+        {
+            "text": ["Good morning.", "Good night."],
+            "source_lang": "en",
+            "tgt_lang": "fr",
+            "max_new_tokens": 4,
+        },
+        {"text": "x", "target_lang": "en", "source_lang": "en"},
+    ]
     set_batch(context, len(bodies))
     out = [json.loads(text) for text in handler.handle([{"body": b} for b in bodies], context)]
     statuses = [context.get_response_status(i)[0] for i in range(3)]

@@ -16,13 +16,19 @@ MODEL = "hunyuan-mt"
 
 
 def predict(server: Server, body: Any, **kwargs: Any) -> requests.Response:
-    return requests.post(f"{server.inference_url()}/predictions/{MODEL}", json=body,
-                         headers=server.headers("inference"), timeout=120, **kwargs)
+    return requests.post(
+        f"{server.inference_url()}/predictions/{MODEL}",
+        json=body,
+        headers=server.headers("inference"),
+        timeout=120,
+        **kwargs,
+    )
 
 
 def test_ping_needs_the_token(server: Server) -> None:
-    ok = requests.get(f"{server.inference_url()}/ping", headers=server.headers("inference"),
-                      timeout=10)
+    ok = requests.get(
+        f"{server.inference_url()}/ping", headers=server.headers("inference"), timeout=10
+    )
     assert ok.status_code == 200 and ok.json()["status"] == "Healthy"
     assert refused(requests.get(f"{server.inference_url()}/ping", timeout=10))
 
@@ -39,8 +45,15 @@ def test_single_text(server: Server) -> None:
 
 
 def test_multi_text_and_flask_field_names(server: Server) -> None:
-    response = predict(server, {"text": ["Good morning.", "Good night.", "Thanks"],
-                                "src_lang": "en", "tgt_lang": "de", "max_new_tokens": 5})
+    response = predict(
+        server,
+        {
+            "text": ["Good morning.", "Good night.", "Thanks"],
+            "src_lang": "en",
+            "tgt_lang": "de",
+            "max_new_tokens": 5,
+        },
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     assert "translation" not in body
@@ -65,8 +78,12 @@ def test_concurrent_batch_with_bad_requests(server: Server) -> None:
 
 def test_non_json_bodies_get_json_errors(server: Server) -> None:
     url = f"{server.inference_url()}/predictions/{MODEL}"
-    plain = requests.post(url, data="hello", headers={**server.headers("inference"),
-                                                      "Content-Type": "text/plain"}, timeout=30)
+    plain = requests.post(
+        url,
+        data="hello",
+        headers={**server.headers("inference"), "Content-Type": "text/plain"},
+        timeout=30,
+    )
     assert plain.status_code == 400 and plain.json()["error_type"] == "invalid_request"
     form = requests.post(url, data={"text": "hi"}, headers=server.headers("inference"), timeout=30)
     assert form.status_code == 400 and "Content-Type: application/json" in form.json()["error"]
@@ -92,32 +109,44 @@ def test_management_describe_needs_its_token(server: Server) -> None:
     url = f"{server.management_url()}/models/{MODEL}"
     assert refused(requests.get(url, timeout=10))
     assert refused(requests.get(url, headers=server.headers("inference"), timeout=10))
-    described = requests.get(f"{url}?customized=true", headers=server.headers("management"),
-                             timeout=30).json()[0]
+    described = requests.get(
+        f"{url}?customized=true", headers=server.headers("management"), timeout=30
+    ).json()[0]
     assert described["batchSize"] == 4
     assert described["customizedMetadata"]  # our describe(): engine and settings
     assert "sdpa" in str(described["customizedMetadata"])
 
 
 def test_model_registration_api_is_off(server: Server) -> None:
-    response = requests.post(f"{server.management_url()}/models",
-                             params={"url": "https://example.com/evil.mar"},
-                             headers=server.headers("management"), timeout=10)
+    response = requests.post(
+        f"{server.management_url()}/models",
+        params={"url": "https://example.com/evil.mar"},
+        headers=server.headers("management"),
+        timeout=10,
+    )
     assert response.status_code == 405
 
 
 def test_scale_workers_up_and_down(server: Server) -> None:
     url = f"{server.management_url()}/models/{MODEL}"
     headers = server.headers("management")
-    assert refused(requests.put(url, params={"min_worker": 2, "synchronous": "true"},
-                                headers=WRONG, timeout=10))
-    up = requests.put(url, params={"min_worker": 2, "synchronous": "true"}, headers=headers,
-                      timeout=240)
+    assert refused(
+        requests.put(
+            url, params={"min_worker": 2, "synchronous": "true"}, headers=WRONG, timeout=10
+        )
+    )
+    up = requests.put(
+        url, params={"min_worker": 2, "synchronous": "true"}, headers=headers, timeout=240
+    )
     assert up.status_code == 200, up.text
     assert wait_for_workers(server, 2) == ["READY", "READY"]
     assert predict(server, {"text": "hi", "target_lang": "ja"}).status_code == 200
-    down = requests.put(url, params={"min_worker": 1, "max_worker": 1, "synchronous": "true"},
-                        headers=headers, timeout=120)
+    down = requests.put(
+        url,
+        params={"min_worker": 1, "max_worker": 1, "synchronous": "true"},
+        headers=headers,
+        timeout=120,
+    )
     assert down.status_code == 200, down.text
     assert wait_for_workers(server, 1) == ["READY"]
 
@@ -125,8 +154,9 @@ def test_scale_workers_up_and_down(server: Server) -> None:
 def wait_for_workers(server: Server, count: int, timeout: float = 120) -> list[str]:
     deadline = time.monotonic() + timeout
     statuses = model_status(server, MODEL)
-    while time.monotonic() < deadline and (len(statuses) != count or
-                                           any(s != "READY" for s in statuses)):
+    while time.monotonic() < deadline and (
+        len(statuses) != count or any(s != "READY" for s in statuses)
+    ):
         time.sleep(0.5)
         statuses = model_status(server, MODEL)
     return statuses
@@ -136,9 +166,15 @@ def test_metrics_show_ours(server: Server) -> None:
     predict(server, {"text": "metrics please", "target_lang": "ko"})
     predict(server, {"text": "x", "target_lang": "nope"})
     text = requests.get(f"{server.metrics_url()}/metrics", timeout=10).text
-    for name in ("hymt_requests_total", "hymt_texts_total", "hymt_input_tokens_total",
-                 "hymt_output_tokens_total", "hymt_generation_latency_seconds_bucket",
-                 "hymt_output_tokens_per_second", "hymt_batch_rows"):
+    for name in (
+        "hymt_requests_total",
+        "hymt_texts_total",
+        "hymt_input_tokens_total",
+        "hymt_output_tokens_total",
+        "hymt_generation_latency_seconds_bucket",
+        "hymt_output_tokens_per_second",
+        "hymt_batch_rows",
+    ):
         assert f"\n{name}{{" in text, name
     assert 'ErrorType="unsupported_language"' in text
     assert 'Attention="sdpa"' in text and 'Engine="hf"' in text

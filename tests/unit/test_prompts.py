@@ -13,29 +13,49 @@ L = LANGUAGES
 @pytest.mark.parametrize(
     ("text", "source", "target", "expected", "template"),
     [
-        ("你好，世界。", "zh", "en", "把下面的文本翻译成英语，不要额外解释。\n\n你好，世界。", "zh"),
-        ("Hello, world.", "en", "zh", "把下面的文本翻译成中文，不要额外解释。\n\nHello, world.", "zh"),
         (
-            "Good morning.", "en", "fr",
+            "你好，世界。",
+            "zh",
+            "en",
+            "把下面的文本翻译成英语，不要额外解释。\n\n你好，世界。",
+            "zh",
+        ),
+        (
+            "Hello, world.",
+            "en",
+            "zh",
+            "把下面的文本翻译成中文，不要额外解释。\n\nHello, world.",
+            "zh",
+        ),
+        (
+            "Good morning.",
+            "en",
+            "fr",
             "Translate the following segment into French, without additional explanation."
             "\n\nGood morning.",
             "en",
         ),
         (
-            "مرحبا بالعالم", "ar", "en",
+            "مرحبا بالعالم",
+            "ar",
+            "en",
             "Translate the following segment into English, without additional explanation."
             "\n\nمرحبا بالعالم",
             "en",
         ),
         (
-            "Good night.", "en", "ar",
+            "Good night.",
+            "en",
+            "ar",
             "Translate the following segment into Arabic, without additional explanation."
             "\n\nGood night.",
             "en",
         ),
         ("こんにちは", "ja", "zh", "把下面的文本翻译成中文，不要额外解释。\n\nこんにちは", "zh"),
         (
-            "こんにちは", "ja", "en",
+            "こんにちは",
+            "ja",
+            "en",
             "Translate the following segment into English, without additional explanation."
             "\n\nこんにちは",
             "en",

@@ -21,8 +21,12 @@ from hymt_serve.protocol import decode_body, parse_request, render_response
 from hymt_serve.settings import Settings
 
 SETTINGS = Settings.from_mapping(
-    {"model_path": "/m", "max_new_tokens": 100, "max_texts_per_request": 3,
-     "max_chars_per_text": 50},
+    {
+        "model_path": "/m",
+        "max_new_tokens": 100,
+        "max_texts_per_request": 3,
+        "max_chars_per_text": 50,
+    },
     environ={},
 )
 
@@ -59,8 +63,9 @@ def test_bytes_and_str_bodies_are_json_decoded() -> None:
 
 def test_sampling_uses_model_card_defaults_and_overrides() -> None:
     assert parse({"text": "x", "target_lang": "fr", "sampling": True}).sampling == SamplingParams()
-    request = parse({"text": "x", "target_lang": "fr", "sampling": True, "top_k": 5,
-                     "temperature": 0.2})
+    request = parse(
+        {"text": "x", "target_lang": "fr", "sampling": True, "top_k": 5, "temperature": 0.2}
+    )
     assert request.sampling == SamplingParams(temperature=0.2, top_k=5)
 
 
@@ -79,25 +84,48 @@ def test_lower_max_new_tokens() -> None:
         ({}, InvalidRequest, "'text' must be a non-empty string"),
         ({"text": "", "target_lang": "en"}, InvalidRequest, "text is empty or whitespace only"),
         ({"text": " \n\t", "target_lang": "en"}, InvalidRequest, "empty or whitespace only"),
-        ({"text": ["a", 3], "target_lang": "en"}, InvalidRequest, "text[1] must be a string, got int"),
+        (
+            {"text": ["a", 3], "target_lang": "en"},
+            InvalidRequest,
+            "text[1] must be a string, got int",
+        ),
         ({"text": [], "target_lang": "en"}, InvalidRequest, "non-empty"),
         ({"text": 5, "target_lang": "en"}, InvalidRequest, "non-empty string"),
         ({"text": "x"}, InvalidRequest, "target_lang is required"),
         ({"text": "x", "target_lang": 1}, InvalidRequest, "target_lang must be a string, got int"),
         ({"text": "x", "target_lang": "xx"}, UnsupportedLanguage, "target_lang 'xx' is not"),
-        ({"text": "x", "target_lang": "en", "source_lang": "klingon"}, UnsupportedLanguage, "source_lang"),
+        (
+            {"text": "x", "target_lang": "en", "source_lang": "klingon"},
+            UnsupportedLanguage,
+            "source_lang",
+        ),
         ({"text": "x", "target_lang": "en", "source_lang": "EN"}, SameLanguage, "both 'en'"),
         ({"text": "x", "target_lang": "en", "colour": 1}, InvalidRequest, "unknown field 'colour'"),
         ({"text": "x", "target_lang": "en", "tgt_lang": "fr"}, InvalidRequest, "given twice"),
-        ({"text": "x", "target_lang": "en", "max_new_tokens": 101}, InvalidRequest, "[1, 100], got 101"),
+        (
+            {"text": "x", "target_lang": "en", "max_new_tokens": 101},
+            InvalidRequest,
+            "[1, 100], got 101",
+        ),
         ({"text": "x", "target_lang": "en", "max_new_tokens": 0}, InvalidRequest, "got 0"),
         ({"text": "x", "target_lang": "en", "max_new_tokens": "5"}, InvalidRequest, "got '5'"),
         ({"text": "x", "target_lang": "en", "sampling": "yes"}, InvalidRequest, "true or false"),
         ({"text": "x", "target_lang": "en", "top_k": 5}, InvalidRequest, "only apply with"),
-        ({"text": "x", "target_lang": "en", "sampling": True, "top_p": 0}, InvalidRequest, "top_p must"),
-        ({"text": "x", "target_lang": "en", "sampling": True, "temperature": float("nan")},
-         InvalidRequest, "temperature must"),
-        ({"text": "x", "target_lang": "en", "sampling": True, "top_k": 2.5}, InvalidRequest, "top_k must"),
+        (
+            {"text": "x", "target_lang": "en", "sampling": True, "top_p": 0},
+            InvalidRequest,
+            "top_p must",
+        ),
+        (
+            {"text": "x", "target_lang": "en", "sampling": True, "temperature": float("nan")},
+            InvalidRequest,
+            "temperature must",
+        ),
+        (
+            {"text": "x", "target_lang": "en", "sampling": True, "top_k": 2.5},
+            InvalidRequest,
+            "top_k must",
+        ),
         ({"text": ["a"] * 4, "target_lang": "en"}, PayloadTooLarge, "4 texts in one request"),
         ({"text": "y" * 51, "target_lang": "en"}, PayloadTooLarge, "text has 51 characters"),
         ({"text": ["ok", "y" * 51], "target_lang": "en"}, PayloadTooLarge, "text[1] has 51"),
@@ -123,10 +151,19 @@ def test_render_response_single_and_usage() -> None:
     body = render_response(request, [result], [9], ["zh"], "rid")
     assert body == {
         "translation": "Hello",
-        "translations": [{"text": "Hello", "input_tokens": 9, "output_tokens": 2,
-                          "finish_reason": "stop", "template": "zh"}],
-        "source_lang": None, "target_lang": "en",
-        "usage": {"input_tokens": 9, "output_tokens": 2}, "request_id": "rid",
+        "translations": [
+            {
+                "text": "Hello",
+                "input_tokens": 9,
+                "output_tokens": 2,
+                "finish_reason": "stop",
+                "template": "zh",
+            }
+        ],
+        "source_lang": None,
+        "target_lang": "en",
+        "usage": {"input_tokens": 9, "output_tokens": 2},
+        "request_id": "rid",
     }
 
 
@@ -141,13 +178,27 @@ def test_render_response_multi_has_no_single_translation_field() -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
     max_leaves=6,
 )
 # CI machines are small and shared: judge the property, not the generator's speed.
 relaxed = settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
-field_names = st.sampled_from(["text", "target_lang", "source_lang", "src_lang", "tgt_lang",
-                               "max_new_tokens", "sampling", "top_k", "top_p", "temperature"])
+field_names = st.sampled_from(
+    [
+        "text",
+        "target_lang",
+        "source_lang",
+        "src_lang",
+        "tgt_lang",
+        "max_new_tokens",
+        "sampling",
+        "top_k",
+        "top_p",
+        "temperature",
+    ]
+)
 
 
 @relaxed

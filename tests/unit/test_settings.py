@@ -42,14 +42,26 @@ def test_choices_are_normalised() -> None:
     ("raw", "message"),
     [
         ({}, "model_path must name"),
-        ({"model_path": "/m", "max_new_tokens": 0}, "max_new_tokens must be an integer in [1, 32768], got 0"),
+        (
+            {"model_path": "/m", "max_new_tokens": 0},
+            "max_new_tokens must be an integer in [1, 32768], got 0",
+        ),
         ({"model_path": "/m", "max_new_tokens": "64"}, "got '64'"),
         ({"model_path": "/m", "max_new_tokens": True}, "got True"),
         ({"model_path": "/m", "top_p": 1.5}, "top_p must be a number in (0.0, 1.0], got 1.5"),
-        ({"model_path": "/m", "temperature": 0}, "temperature must be a number in (0.0, 10.0], got 0"),
+        (
+            {"model_path": "/m", "temperature": 0},
+            "temperature must be a number in (0.0, 10.0], got 0",
+        ),
         ({"model_path": "/m", "dtype": "int4"}, "dtype must be one of"),
-        ({"model_path": "/m", "quantization": "gptq"}, "quantization must be one of ['none', 'int8', 'nf4']"),
-        ({"model_path": "/m", "max_new_tokenz": 5}, "unknown handler setting(s) ['max_new_tokenz']"),
+        (
+            {"model_path": "/m", "quantization": "gptq"},
+            "quantization must be one of ['none', 'int8', 'nf4']",
+        ),
+        (
+            {"model_path": "/m", "max_new_tokenz": 5},
+            "unknown handler setting(s) ['max_new_tokenz']",
+        ),
     ],
 )
 def test_bad_settings_name_key_bound_and_value(raw: dict[str, Any], message: str) -> None:
