@@ -113,7 +113,21 @@ def _cmd_health(args: argparse.Namespace) -> int:
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
-    key = _server(args.workdir).keys().get(args.api)
+    server = _server(args.workdir)
+    if args.renew:
+        import requests
+
+        # TorchServe renews a key with the never-expiring "API" key and rewrites the key file.
+        response = requests.get(
+            f"{server.management_url()}/token",
+            params={"type": args.api},
+            headers=server.headers("API"),
+            timeout=30,
+        )
+        if not response.ok:
+            print(f"renewing the {args.api} key failed: {response.text}", file=sys.stderr)
+            return 1
+    key = server.keys().get(args.api)
     if not key:
         print(f"no {args.api} key in {args.workdir}/key_file.json", file=sys.stderr)
         return 1
@@ -202,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--model", default=DEFAULT_MODEL)
     sub.choices["token"].add_argument(
         "--api", choices=("inference", "management"), default="inference"
+    )
+    sub.choices["token"].add_argument(
+        "--renew", action="store_true", help="issue a new key first (the old one stops working)"
     )
     translate = sub.choices["translate"]
     translate.add_argument("text")

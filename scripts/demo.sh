@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One command for a newcomer: install, build the tiny random-weight model and its archive,
+# start TorchServe (token auth on, loopback only) and show translation round trips.
+# The tiny model's output is meaningless text: it proves the stack, not translation quality.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/setup.sh
+hymt tiny-model --out build/tiny-model
+hymt archive --model-path build/tiny-model --profile cpu
+hymt stop --workdir run >/dev/null
+hymt start --workdir run
+echo
+echo "== zh -> en =="
+hymt translate --workdir run "你好，世界。今天天气很好。" --to en
+echo "== en -> fr, with curl =="
+KEY=$(hymt token --workdir run)
+curl -sS -X POST http://127.0.0.1:8080/predictions/hunyuan-mt \
+  -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \
+  -d '{"text": ["Good morning.", "See you tomorrow."], "source_lang": "en", "target_lang": "fr"}'
+echo
+echo "== a bad request: unknown language =="
+curl -sS -X POST http://127.0.0.1:8080/predictions/hunyuan-mt \
+  -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \
+  -d '{"text": "Hello", "target_lang": "xx"}' -w '\nHTTP %{http_code}\n'
+cat <<'TXT'
+
+TorchServe is running (inference :8080, management :8081, metrics :8082, all on 127.0.0.1).
+  token:   . .venv/bin/activate && hymt token            (management: hymt token --api management)
+  logs:    run/logs/
+  stop:    . .venv/bin/activate && hymt stop
+TXT
