@@ -106,6 +106,8 @@ class HFEngine:
         self.stop_ids = _stop_ids(tokenizer, model)
         self.pad_id = _pad_id(tokenizer, self.stop_ids)
         self.load_seconds = 0.0
+        self.fast: Any = None  # a FastGenerator when the fast engine is in use
+        self.fallback_reason: str | None = None
 
     @classmethod
     def load(cls, settings: Settings, gpu_id: int | None = None) -> HFEngine:
@@ -137,6 +139,8 @@ class HFEngine:
         return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
     def generate(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
+        if self.fast is not None:
+            return self._generate_fast(rows)
         by_sampling: dict[SamplingParams | None, list[int]] = defaultdict(list)
         for index, row in enumerate(rows):
             by_sampling[row.sampling].append(index)
@@ -159,14 +163,24 @@ class HFEngine:
                 )
         except torch.OutOfMemoryError as exc:
             torch.cuda.empty_cache()
-            raise OutOfMemory(
-                f"the device ran out of memory for a batch of {len(rows)} texts",
-                allowed="fewer or shorter texts per request, or retry",
-            ) from exc
+            raise _oom(len(rows)) from exc
         new_tokens = output[:, input_ids.shape[1] :].tolist()
         return [
             self._result(tokens, row.max_new_tokens)
             for tokens, row in zip(new_tokens, rows, strict=True)
+        ]
+
+    def _generate_fast(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
+        try:
+            generated = self.fast.generate(rows, self.stop_ids)
+        except torch.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            raise _oom(len(rows)) from exc
+        return [
+            GenerationResult(
+                self.tokenizer.decode(tokens, skip_special_tokens=True), tuple(tokens), finish
+            )
+            for tokens, finish in generated
         ]
 
     def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,8 +215,12 @@ class HFEngine:
 
     def describe(self) -> dict[str, Any]:
         config = self.model.config
+        if self.fast is not None:
+            generation: dict[str, Any] = {"engine": "fast", "fast": self.fast.describe()}
+        else:
+            generation = {"engine": "hf", "fallback_reason": self.fallback_reason}
         return {
-            "engine": "hf",
+            **generation,
             "model_type": config.model_type,
             "model_path": str(self.settings.model_path),
             "parameters": sum(p.numel() for p in self.model.parameters()),
@@ -211,6 +229,13 @@ class HFEngine:
             "load_seconds": round(self.load_seconds, 2),
             **self.plan.describe(),
         }
+
+
+def _oom(rows: int) -> OutOfMemory:
+    return OutOfMemory(
+        f"the device ran out of memory for a batch of {rows} texts",
+        allowed="fewer or shorter texts per request, or retry",
+    )
 
 
 def make_result(tokenizer: Any, tokens: Sequence[int], stop_ids: set[int]) -> GenerationResult:
@@ -285,5 +310,61 @@ def _freeze_rope(model: Any) -> None:
 
 
 def load_engine(settings: Settings, gpu_id: int | None = None) -> HFEngine:
-    """The engine the settings ask for, loaded and ready to generate."""
-    return HFEngine.load(settings, gpu_id)
+    """The engine the settings ask for, loaded and ready to generate.
+
+    ``engine: auto`` uses the fast engine (static cache, CUDA-graph decode) on CUDA and
+    transformers' ``generate`` elsewhere; ``fast`` asks for it everywhere (on the CPU it runs
+    the same code without graphs). When it cannot be used, generation falls back to ``hf``
+    and the reason is logged and shown in the describe output.
+    """
+    engine = HFEngine.load(settings, gpu_id)
+    wanted = settings.engine
+    if wanted == "hf" or (wanted == "auto" and engine.plan.device.type != "cuda"):
+        engine.fallback_reason = None if wanted == "hf" else "auto: no CUDA device"
+        return engine
+    reason = attach_fast_generator(engine)
+    if reason:
+        engine.fallback_reason = reason
+        logger.warning("fast engine not used (%s): generating with transformers", reason)
+    return engine
+
+
+def attach_fast_generator(engine: HFEngine) -> str | None:
+    """Give ``engine`` a FastGenerator; returns why not, or None when attached."""
+    if engine.plan.quantization != "none":
+        return f"quantization {engine.plan.quantization!r} (bitsandbytes weights)"
+    from .fast_engine import FastGenerator, UnsupportedModelError
+
+    settings = engine.settings
+    max_seq_len = settings.max_input_tokens + settings.max_new_tokens
+    rows = _cache_rows(engine.model, max_seq_len, settings.max_batch_rows, engine.plan.device)
+    if rows < 1:
+        return "not enough free device memory for a KV cache of one row"
+    try:
+        engine.fast = FastGenerator.from_model(
+            engine.model, max_batch_size=rows, max_seq_len=max_seq_len
+        )
+    except UnsupportedModelError as error:
+        return error.reason
+    logger.info("fast engine ready: %s", engine.fast.describe())
+    return None
+
+
+KV_CACHE_SHARE = 0.8  # of the device memory left after the weights
+
+
+def _cache_rows(model: Any, max_seq_len: int, wanted: int, device: torch.device) -> int:
+    """Rows of ``max_seq_len`` tokens whose KV cache fits the free device memory."""
+    if device.type != "cuda":
+        return wanted
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = (
+        config.num_hidden_layers
+        * config.num_key_value_heads
+        * head_dim
+        * 2
+        * next(model.parameters()).element_size()
+    )
+    free, _ = torch.cuda.mem_get_info(device)
+    return min(wanted, int(free * KV_CACHE_SHARE) // int(per_token * (max_seq_len + 16)))

@@ -1,0 +1,434 @@
+"""Decode speed of HF ``generate`` and the fast engine on a 7B-shaped random-weight model.
+
+A program, not a test: one run on one GPU builds the real ``hunyuan_v1_dense`` architecture
+with random bf16 weights (speed does not depend on weight values), measures the device copy
+bandwidth, and for each batch size times HF ``generate`` (eager, dynamic cache) and
+:class:`hymt_serve.fast_engine.FastGenerator`, next to the weight+KV read roofline. Random
+weights never choose EOS, so output lengths are fixed. Writes ``results.json``,
+``results.md`` and ``decode.png`` to ``--out``.
+
+    PYTHONPATH=handler python benchmarks/decode/bench_decode.py --out benchmarks/decode
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+
+from hymt_serve.fast_engine import FastGenerator, UnsupportedModelError
+from hymt_serve.generation import GenerationRow
+
+KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+
+
+def build_model() -> PreTrainedModel:
+    """The 7B-shaped model of ../shared/GPU.md with random bf16 weights on the GPU."""
+    config = AutoConfig.for_model(
+        model_type="hunyuan_v1_dense",
+        num_hidden_layers=32,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128167,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-5,
+        use_qk_norm=True,
+        rope_theta=10000.0,
+        rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
+        bos_token_id=127958,
+        eos_token_id=127960,
+        pad_token_id=127961,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+
+
+def copy_bandwidth(gib: int = 4) -> float:
+    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written."""
+    src = torch.randn(gib * 2**28, device="cuda")
+    dst = torch.empty_like(src)
+    times = [_timed(lambda: dst.copy_(src)) for _ in range(12)][2:]
+    return 2 * src.numel() * 4 / sorted(times)[len(times) // 2]
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def prompts(batch: int, length: int) -> list[tuple[int, ...]]:
+    gen = torch.Generator().manual_seed(batch)
+    return [
+        tuple(torch.randint(3, 120000, (length,), generator=gen).tolist()) for _ in range(batch)
+    ]
+
+
+def measure(run: Callable[[int], object], batch: int, new_tokens: int) -> dict[str, float]:
+    """ttft from a 1-token run, ms/step from the difference to an ``new_tokens`` run."""
+    run(2)
+    ttft = min(_timed(lambda: run(1)) for _ in range(2))
+    torch.cuda.reset_peak_memory_stats()
+    total = min(_timed(lambda: run(new_tokens)) for _ in range(2))
+    return {
+        "batch_size": batch,
+        "new_tokens": new_tokens,
+        "ms_per_step": round((total - ttft) / (new_tokens - 1) * 1e3, 3),
+        "output_tokens_per_s": round(batch * new_tokens / total, 1),
+        "ttft_ms": round(ttft * 1e3, 2),
+        "peak_gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
+    }
+
+
+def hf_runner(
+    model: PreTrainedModel, batch_prompts: list[tuple[int, ...]]
+) -> Callable[[int], object]:
+    ids = torch.tensor(batch_prompts, device="cuda")
+
+    def run(new: int) -> object:
+        config = GenerationConfig(
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=127961,
+        )
+        with torch.no_grad():
+            return model.generate(
+                ids, attention_mask=torch.ones_like(ids), generation_config=config
+            )
+
+    return run
+
+
+def fast_runner(
+    fast: FastGenerator, batch_prompts: list[tuple[int, ...]]
+) -> Callable[[int], object]:
+    def run(new: int) -> object:
+        return fast.generate([GenerationRow(p, new) for p in batch_prompts], stop_token_ids=())
+
+    return run
+
+
+def graph_step_ms(fast: FastGenerator, batch: int) -> float:
+    """Pure replay time of the captured step for ``batch``'s bucket (no sampling)."""
+    runner = fast._runner
+    bucket = runner.bucket_for(batch)
+    with torch.inference_mode():
+        runner.clear()
+        runner.positions[:bucket] = 100
+        runner.step(bucket)
+        return _timed(lambda: [runner.step(bucket) for _ in range(50)]) / 50 * 1e3
+
+
+def attention_kernels(fast: FastGenerator) -> list[str]:
+    """CUDA kernel names seen during one eager decode step that look like attention."""
+    runner = fast._runner
+    with (
+        torch.inference_mode(),
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof,
+    ):
+        runner.clear()
+        runner._forward(8)
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    keys = ("attn", "attention", "flash", "decode", "sdpa", "fmha", "combine")
+    return sorted(n for n in names if any(k in n.lower() for k in keys))
+
+
+def kernel_times(fast: FastGenerator, bucket: int, top: int = 12) -> list[dict[str, Any]]:
+    """The costliest CUDA kernels of one eager decode step (same kernels as the graph)."""
+    runner = fast._runner
+    with torch.inference_mode():
+        runner.clear()
+        runner.positions[:bucket] = 100
+        runner._forward(bucket)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            runner._forward(bucket)
+            torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals.setdefault(event.name[:90], [0.0, 0])
+            entry[0] += event.device_time_total / 1e3
+            entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"kernel": k, "ms": round(v[0], 3), "calls": int(v[1])} for k, v in ranked]
+
+
+def roofline_ms(weight_bytes: int, batch: int, context: float, bandwidth: float) -> float:
+    return (weight_bytes + batch * context * KV_BYTES_PER_TOKEN) / bandwidth * 1e3
+
+
+def quantized_rows(
+    path: Path, batches: list[int], prompt_tokens: int, new_tokens: int
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """HF generate on bitsandbytes int8 and nf4 loads of the saved checkpoint, if importable."""
+    try:
+        import bitsandbytes  # noqa: F401
+        from transformers import BitsAndBytesConfig
+    except ImportError:
+        return [], ["not measured: bitsandbytes is not installed on this machine"]
+    modes = {
+        "hf-int8": BitsAndBytesConfig(load_in_8bit=True),
+        "hf-nf4": BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
+        ),
+    }
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for engine, config in modes.items():
+        try:
+            rows += quantized_engine_rows(engine, config, path, batches, prompt_tokens, new_tokens)
+            notes.append(f"{engine}: measured; {rows[-1].pop('note')}")
+        except Exception as exc:  # a failed optional measurement is reported, not fatal
+            notes.append(f"{engine}: failed: {exc!r:.300}")
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows, notes
+
+
+def quantized_engine_rows(
+    engine: str, config: Any, path: Path, batches: list[int], prompt_tokens: int, new_tokens: int
+) -> list[dict[str, Any]]:
+    model = AutoModelForCausalLM.from_pretrained(
+        path, quantization_config=config, device_map="cuda", dtype=torch.bfloat16
+    ).eval()
+    try:
+        FastGenerator.from_model(model, max_batch_size=1, max_seq_len=64)
+        note = "the fast engine accepted it (unexpected)"
+    except UnsupportedModelError as exc:
+        note = f"the fast engine refuses it ({exc.reason})"
+    rows = []
+    for batch in batches:
+        row = measure(hf_runner(model, prompts(batch, prompt_tokens)), batch, new_tokens)
+        rows.append({"engine": engine, **row, "weights_gb": model.get_memory_footprint() / 1e9})
+        print(rows[-1], flush=True)
+    rows[-1]["note"] = note
+    return rows
+
+
+def write_outputs(out: Path, report: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(report))
+    plot(report, out / "decode.png")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Decode benchmark: {report['gpu']}, {report['date']}",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"7B-shaped hunyuan_v1_dense, random bf16 weights, prompt {report['prompt_tokens']} "
+        "tokens, "
+        f"greedy, fixed output length. Copy bandwidth {report['bandwidth_tb_s']} TB/s; roofline "
+        f"(weights + KV read once per step) {report['roofline_ms_per_step']} ms/step at batch 1.",
+        "",
+        "| engine | batch | new tokens | ms/step | graph ms/step | roofline ms/step | x roofline "
+        "| tokens/s | TTFT ms | peak GPU GB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['engine']} | {r['batch_size']} | {r['new_tokens']} | {r['ms_per_step']} | "
+            f"{r.get('graph_ms_per_step', '')} | {r['roofline_ms']} | "
+            f"{r['ms_per_step'] / r['roofline_ms']:.2f} | {r['output_tokens_per_s']} | "
+            f"{r['ttft_ms']} | {r['peak_gpu_mem_gb']} |"
+        )
+    lines += [
+        "",
+        f"Fast engine: `{json.dumps(report['fast_engine'])}`",
+        "",
+        f"Attention kernels seen in a decode step: {report['attention_kernels']}",
+        "",
+        f"bitsandbytes int8/nf4 (HF generate): {'; '.join(report['bitsandbytes'])}",
+        "",
+        *summary(report),
+    ]
+    for batch, kernels in report.get("kernel_times", {}).items():
+        lines += [
+            f"Costliest kernels of one eager decode step, batch {batch}:",
+            "",
+            "| kernel | ms | calls |",
+            "| --- | ---: | ---: |",
+        ]
+        lines += [f"| `{k['kernel']}` | {k['ms']} | {k['calls']} |" for k in kernels] + [""]
+    return "\n".join(lines)
+
+
+def summary(report: dict[str, Any]) -> list[str]:
+    """The issue's goals, read off the rows (batch 1 step, batch 64 speed-up, ready time)."""
+    by = {(r["engine"], r["batch_size"]): r for r in report["rows"]}
+    lines = [f"Ready time (from_model: fuse, compile, capture): {report['ready_s']} s.", ""]
+    if ("fast", 1) in by:
+        step = by["fast", 1]["ms_per_step"]
+        ratio = step / by["fast", 1]["roofline_ms"]
+        lines += [f"Batch 1: {step} ms/step = {ratio:.2f} x roofline.", ""]
+    if ("fast", 64) in by and ("hf", 64) in by:
+        fast, hf = by["fast", 64], by["hf", 64]
+        speedup = fast["output_tokens_per_s"] / hf["output_tokens_per_s"]
+        step_speedup = hf["ms_per_step"] / fast["ms_per_step"]
+        share = fast["output_tokens_per_s"] / (64e3 / fast["roofline_ms"])
+        steady = fast["roofline_ms"] / fast["ms_per_step"]
+        lines += [
+            f"Batch 64: {speedup:.2f} x HF tokens/s end to end ({step_speedup:.2f} x per step); "
+            f"{share:.0%} of the roofline rate end to end ({steady:.0%} per step).",
+            "",
+        ]
+    return lines
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    styles = {"hf": "o-", "fast": "s-", "hf-int8": "v:", "hf-nf4": "^:"}
+    for engine, style in styles.items():
+        rows = [r for r in report["rows"] if r["engine"] == engine]
+        if not rows:
+            continue
+        sizes = [r["batch_size"] for r in rows]
+        left.plot(sizes, [r["ms_per_step"] for r in rows], style, label=engine)
+        right.plot(sizes, [r["output_tokens_per_s"] for r in rows], style, label=engine)
+    rows = [r for r in report["rows"] if r["engine"] == "fast"]
+    sizes = [r["batch_size"] for r in rows]
+    left.plot(sizes, [r["roofline_ms"] for r in rows], "k--", label="roofline")
+    right.plot(
+        sizes,
+        [b / r["roofline_ms"] * 1e3 for b, r in zip(sizes, rows, strict=True)],
+        "k--",
+        label="roofline",
+    )
+    for ax, label in ((left, "ms per decode step"), (right, "output tokens/s")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"7B-shaped hunyuan_v1_dense decode, bf16, {report['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    parser.add_argument("--prompt-tokens", type=int, default=40)
+    parser.add_argument("--fast-new-tokens", type=int, default=128)
+    parser.add_argument("--hf-new-tokens", type=int, default=32)
+    parser.add_argument("--skip-hf", action="store_true", help="time the fast engine only")
+    parser.add_argument("--quantized-batches", type=int, nargs="*", default=[1, 64])
+    parser.add_argument("--quantized-new-tokens", type=int, default=16)
+    parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/hymt-7b-random"))
+    return parser.parse_args()
+
+
+def engine_rows(
+    engine: str, runner: Callable[[list[tuple[int, ...]]], Callable[[int], object]],
+    args: argparse.Namespace, new_tokens: int, roofline: Callable[[int, float], float],
+) -> list[dict[str, Any]]:  # fmt: skip
+    rows = []
+    for batch in args.batches:
+        row = measure(runner(prompts(batch, args.prompt_tokens)), batch, new_tokens)
+        row["roofline_ms"] = round(roofline(batch, args.prompt_tokens + new_tokens / 2), 3)
+        rows.append({"engine": engine, **row})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def fast_section(
+    model: PreTrainedModel, args: argparse.Namespace, roofline: Callable[[int, float], float]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Build the fast engine over ``model`` (fusing its weights in place) and time it."""
+    start = time.perf_counter()
+    max_seq_len = args.prompt_tokens + args.fast_new_tokens
+    fast = FastGenerator.from_model(
+        model, max_batch_size=max(args.batches), max_seq_len=max_seq_len
+    )
+    ready_s = time.perf_counter() - start
+    print(f"fast engine ready in {ready_s:.1f} s: {fast.describe()}", flush=True)
+    rows = engine_rows("fast", partial(fast_runner, fast), args, args.fast_new_tokens, roofline)
+    for row in rows:
+        row["graph_ms_per_step"] = round(graph_step_ms(fast, row["batch_size"]), 3)
+    info = {
+        "ready_s": round(ready_s, 1),
+        "fast_engine": fast.describe(),
+        "attention_kernels": attention_kernels(fast),
+        "kernel_times": {b: kernel_times(fast, fast._runner.bucket_for(b)) for b in (1, 64)},
+    }
+    return rows, info
+
+
+def main() -> None:
+    args = parse_args()
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+    model = build_model()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+
+    def roofline(batch: int, context: float) -> float:
+        return roofline_ms(weight_bytes, batch, context, bandwidth)
+
+    hf = partial(hf_runner, model)
+    rows = [] if args.skip_hf else engine_rows("hf", hf, args, args.hf_new_tokens, roofline)
+    if args.quantized_batches:
+        model.save_pretrained(args.checkpoint)  # before the fast engine fuses weights in place
+    torch.cuda.empty_cache()
+    fast_rows, fast_info = fast_section(model, args, roofline)
+    del model, hf
+    gc.collect()
+    torch.cuda.empty_cache()
+    print(f"GPU memory still allocated: {torch.cuda.memory_allocated() / 1e9:.2f} GB", flush=True)
+    quantized: list[dict[str, Any]] = []
+    notes = ["not measured: no --quantized-batches"]
+    if args.quantized_batches:
+        quantized, notes = quantized_rows(
+            args.checkpoint, args.quantized_batches, args.prompt_tokens, args.quantized_new_tokens
+        )
+    for row in quantized:
+        row["roofline_ms"] = round(roofline(row["batch_size"], args.prompt_tokens), 3)
+    report = {
+        "gpu": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "torch": torch.__version__,
+        "prompt_tokens": args.prompt_tokens,
+        "bandwidth_tb_s": round(bandwidth / 1e12, 3),
+        "weight_gb": round(weight_bytes / 1e9, 3),
+        "roofline_ms_per_step": round(
+            roofline(1, args.prompt_tokens + args.fast_new_tokens / 2), 3
+        ),
+        **fast_info,
+        "bitsandbytes": notes,
+        "rows": rows + quantized + fast_rows,
+    }
+    write_outputs(args.out, report)
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Decode-step attention over a slot-indexed KV cache, GQA-aware, reading only live positions.
+
+One decode step has one new query token per row. :func:`decode_attention` writes that token's
+key and value into the cache at ``positions[b]`` of slot ``slots[b]`` and attends over positions
+``0..positions[b]`` of that slot. The cache layout is ``[slots, kv_heads, max_len, head_dim]``.
+
+On CUDA with bf16/fp16 it runs a Triton flash-decoding kernel: one program per (row, KV head,
+split) serves all query heads of the group, so KV heads are never repeated; it reads K and V
+once in the cache dtype with fp32 accumulation and stops at the row's length, so a large static
+cache costs nothing past the live positions. The kernel reads positions and slots from device
+tensors, which makes it capturable in a CUDA graph. Elsewhere a plain PyTorch version runs
+(the CPU path, also the reference for tests).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU image has no Triton; the PyTorch path serves there
+    triton = None
+    tl = None
+
+TRITON_KERNEL = "triton_gqa_flash_decode"
+REFERENCE_KERNEL = "torch_reference"
+_BLOCK_N = 64
+_TARGET_PROGRAMS = 264  # two waves on the H200's 132 SMs
+_MIN_POSITIONS_PER_SPLIT = 256
+
+
+def triton_available() -> bool:
+    """Whether the Triton kernel can be used at all (Triton importable and CUDA present)."""
+    return triton is not None and torch.cuda.is_available()
+
+
+def kernel_name(device: torch.device, dtype: torch.dtype) -> str:
+    """The kernel :func:`decode_attention` uses for tensors of this device and dtype."""
+    use_triton = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+    return TRITON_KERNEL if use_triton and triton_available() else REFERENCE_KERNEL
+
+
+def num_splits(batch: int, kv_heads: int, max_len: int) -> int:
+    """Splits of the sequence per (row, KV head): enough programs to fill the GPU, never tiny."""
+    wanted = math.ceil(_TARGET_PROGRAMS / (batch * kv_heads))
+    most = max(1, max_len // _MIN_POSITIONS_PER_SPLIT)
+    # A power of two: the combine kernel spans the splits with one tl.arange.
+    return 1 << (max(1, min(wanted, most, 16)).bit_length() - 1)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Store the new K/V and attend: q ``[B, H, D]``, k/v_new ``[B, KVH, D]`` -> ``[B, H, D]``."""
+    if kernel_name(q.device, q.dtype) == TRITON_KERNEL:
+        return _triton_decode_attention(q, k_new, v_new, k_cache, v_cache, slots, positions, scale)
+    return reference_decode_attention(q, k_new, v_new, k_cache, v_cache, slots, positions, scale)
+
+
+def reference_decode_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """PyTorch version of :func:`decode_attention` (syncs once to size the live window)."""
+    k_cache[slots, :, positions] = k_new
+    v_cache[slots, :, positions] = v_new
+    batch, heads, dim = q.shape
+    kv_heads = k_new.shape[1]
+    live = int(positions.max()) + 1
+    keys = k_cache[slots, :, :live].float()
+    values = v_cache[slots, :, :live].float()
+    grouped = q.float().view(batch, kv_heads, heads // kv_heads, dim)
+    scores = torch.einsum("bkgd,bktd->bkgt", grouped, keys) * scale
+    visible = torch.arange(live, device=q.device)[None, :] <= positions[:, None]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    out = torch.einsum("bkgt,bktd->bkgd", scores.softmax(-1), values)
+    return out.reshape(batch, heads, dim).to(q.dtype)
+
+
+def _triton_decode_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    batch, heads, dim = q.shape
+    kv_heads = k_new.shape[1]
+    group = heads // kv_heads
+    splits = num_splits(batch, kv_heads, k_cache.shape[2])
+    out = torch.empty(batch, heads, dim, device=q.device, dtype=q.dtype)
+    parts = max(splits, 2) if splits > 1 else 1  # unused when one split writes `out` directly
+    acc = torch.empty(batch, heads, parts, dim, device=q.device, dtype=torch.float32)
+    stats = torch.empty(batch, heads, parts, 2, device=q.device, dtype=torch.float32)
+    grid = (batch, kv_heads, splits)
+    _decode_kernel[grid](
+        q, k_new, v_new, k_cache, v_cache, slots, positions, out, acc, stats,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0),
+        v_new.stride(1), *k_cache.stride()[:3], scale,
+        HEADS=heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        DIM=dim, BLOCK_N=_BLOCK_N, SPLITS=splits,
+    )  # fmt: skip
+    if splits > 1:
+        _combine_kernel[(batch, heads)](acc, stats, out, SPLITS=splits, DIM=dim)
+    return out
+
+
+def _define_kernels() -> tuple[Any, Any]:
+    @triton.jit  # type: ignore[untyped-decorator]
+    def decode_kernel(  # type: ignore[no-untyped-def]
+        q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, out_ptr, acc_ptr, stats_ptr,
+        stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
+        stride_slot, stride_head, stride_pos, scale,
+        HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+        DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        slot = tl.load(slots_ptr + row).to(tl.int64)
+        pos = tl.load(pos_ptr + row).to(tl.int64)
+        length = pos + 1
+        per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
+        start = split * per_split
+        end = tl.minimum(start + per_split, length)
+        offs_d = tl.arange(0, DIM)
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_n = tl.arange(0, BLOCK_N)
+        k_new = tl.load(kn_ptr + row * stride_kb + kvh * stride_kh + offs_d)
+        v_new = tl.load(vn_ptr + row * stride_vb + kvh * stride_vh + offs_d)
+        base = slot * stride_slot + kvh * stride_head
+        if (pos >= start) & (pos < end):
+            tl.store(kc_ptr + base + pos * stride_pos + offs_d, k_new)
+            tl.store(vc_ptr + base + pos * stride_pos + offs_d, v_new)
+        head = kvh * GROUP + offs_g
+        g_mask = offs_g < GROUP
+        q_off = row * stride_qb + head[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptr + q_off, mask=g_mask[:, None], other=0.0)
+        out_off = (row * HEADS + head)[:, None] * DIM + offs_d[None, :]
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, DIM], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            offs = n0 + offs_n
+            valid = offs < end
+            kv_off = base + offs[:, None] * stride_pos + offs_d[None, :]
+            is_new = (offs == pos)[:, None]
+            k = tl.load(kc_ptr + kv_off, mask=valid[:, None], other=0.0)
+            # The store above may not be visible yet to every thread: use the new key directly.
+            k = tl.where(is_new, k_new[None, :], k)
+            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(vc_ptr + kv_off, mask=valid[:, None], other=0.0)
+            v = tl.where(is_new, v_new[None, :], v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        if SPLITS == 1:
+            out = acc / l_i[:, None]
+            tl.store(out_ptr + out_off, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+        else:
+            part = (row * HEADS + head) * SPLITS + split
+            tl.store(acc_ptr + part[:, None] * DIM + offs_d[None, :], acc, mask=g_mask[:, None])
+            tl.store(stats_ptr + part * 2, m_i, mask=g_mask)
+            tl.store(stats_ptr + part * 2 + 1, l_i, mask=g_mask)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def combine_kernel(acc_ptr, stats_ptr, out_ptr, SPLITS: tl.constexpr, DIM: tl.constexpr):  # type: ignore[no-untyped-def]
+        row_head = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        offs_s = tl.arange(0, SPLITS)
+        offs_d = tl.arange(0, DIM)
+        part = row_head * SPLITS + offs_s
+        m = tl.load(stats_ptr + part * 2)
+        l_sum = tl.load(stats_ptr + part * 2 + 1)
+        weight = tl.where(l_sum > 0, tl.exp(m - tl.max(m, 0)), 0.0)
+        acc = tl.load(acc_ptr + part[:, None] * DIM + offs_d[None, :])
+        acc = tl.where((l_sum > 0)[:, None], acc, 0.0)
+        out = tl.sum(acc * weight[:, None], 0) / tl.sum(l_sum * weight, 0)
+        tl.store(out_ptr + row_head * DIM + offs_d, out.to(out_ptr.dtype.element_ty))
+
+    return decode_kernel, combine_kernel
+
+
+if triton is not None:
+    _decode_kernel, _combine_kernel = _define_kernels()

@@ -1,0 +1,114 @@
+"""Greedy and model-card sampling for a batch of rows, on the device, without host syncs.
+
+Semantics follow transformers' logits processors for one row at a time: greedy rows take the
+argmax of the raw logits; sampled rows apply the repetition penalty over prompt and generated
+tokens (divide positive logits, multiply negative ones), then temperature, top-k, top-p, and
+draw. The draw uses the exponential trick (argmax of p / E with E ~ Exp(1)), which samples from
+p without the host sync of ``torch.multinomial``'s checks; it uses torch's default generator, so
+``torch.manual_seed`` makes it reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from hymt_serve.generation import GenerationRow
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """Per-row sampling settings for the rows of one generate call (plus one padding row)."""
+
+    greedy: Tensor
+    temperature: Tensor
+    top_k: Tensor
+    top_p: Tensor
+    penalty: Tensor
+    presence: Tensor | None
+    candidates: int
+    all_greedy: bool
+
+    @classmethod
+    def for_rows(
+        cls, rows: Sequence[GenerationRow], vocab: int, device: torch.device
+    ) -> RowSampling:
+        """Settings of ``rows``; the extra last row (index ``len(rows)``) pads batches."""
+        params = [row.sampling for row in rows] + [None]
+        sampled = [p for p in params if p is not None]
+        top_ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in sampled]
+
+        def column(values: list[float], dtype: torch.dtype) -> Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        penalty = [p.repetition_penalty if p else 1.0 for p in params]
+        return cls(
+            greedy=column([p is None for p in params], torch.bool),
+            temperature=column(
+                [max(p.temperature, 1e-5) if p else 1.0 for p in params], torch.float32
+            ),
+            top_k=column(
+                [p.top_k if p and 0 < p.top_k < vocab else vocab for p in params], torch.int64
+            ),
+            top_p=column([p.top_p if p else 1.0 for p in params], torch.float32),
+            penalty=column(penalty, torch.float32),
+            presence=_presence(rows, vocab, device) if any(x != 1.0 for x in penalty) else None,
+            candidates=max(top_ks, default=1),
+            all_greedy=not sampled,
+        )
+
+    def select(self, rows: Tensor) -> RowSampling:
+        """The settings for a batch whose positions hold the row indices ``rows``."""
+        return RowSampling(
+            greedy=self.greedy[rows],
+            temperature=self.temperature[rows],
+            top_k=self.top_k[rows],
+            top_p=self.top_p[rows],
+            penalty=self.penalty[rows],
+            presence=self.presence,
+            candidates=self.candidates,
+            all_greedy=self.all_greedy,
+        )
+
+
+def _presence(rows: Sequence[GenerationRow], vocab: int, device: torch.device) -> Tensor:
+    presence = torch.zeros(len(rows) + 1, vocab, dtype=torch.bool, device=device)
+    for i, row in enumerate(rows):
+        presence[i, torch.tensor(row.prompt_ids, device=device)] = True
+    return presence
+
+
+def sample_next(logits: Tensor, batch: RowSampling, rows: Tensor) -> Tensor:
+    """Next token per batch position: ``logits [B, V]`` fp32, ``rows [B]`` row indices -> ``[B]``.
+
+    ``batch`` must come from :meth:`RowSampling.select` with the same ``rows``.
+    """
+    greedy = logits.argmax(-1)
+    if batch.all_greedy:
+        return greedy
+    scores = logits
+    if batch.presence is not None:
+        seen = batch.presence[rows]
+        penalty = batch.penalty[:, None]
+        penalised = torch.where(scores > 0, scores / penalty, scores * penalty)
+        scores = torch.where(seen, penalised, scores)
+    scores = scores / batch.temperature[:, None]
+    values, indices = scores.topk(batch.candidates, dim=-1)
+    ranks = torch.arange(batch.candidates, device=logits.device)
+    values = values.masked_fill(ranks[None, :] >= batch.top_k[:, None], float("-inf"))
+    probs = values.softmax(-1)
+    before = probs.cumsum(-1) - probs
+    probs = probs.masked_fill(before >= batch.top_p[:, None], 0.0)
+    noise = torch.empty_like(probs).exponential_().clamp_min_(1e-20)
+    choice = (probs / noise).argmax(-1, keepdim=True)
+    sampled = indices.gather(1, choice).squeeze(1)
+    return torch.where(batch.greedy, greedy, sampled)
+
+
+def record_tokens(batch: RowSampling, rows: Tensor, tokens: Tensor) -> None:
+    """Mark generated tokens as seen, for the repetition penalty of later steps."""
+    if batch.presence is not None:
+        batch.presence[rows, tokens] = True

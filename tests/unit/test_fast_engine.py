@@ -1,0 +1,178 @@
+"""The fast engine against transformers' own model, on a tiny random hunyuan_v1_dense (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+
+from hymt_serve.fast_engine import FastGenerator, UnsupportedModelError
+from hymt_serve.generation import GenerationRow, SamplingParams
+
+PROMPTS = ((1, 17, 250, 33, 91, 402, 5), (1, 300, 12), (1, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53))
+MAX_NEW = (20, 6, 13)
+
+
+def tiny_config(**overrides: object) -> object:
+    values: dict[str, object] = dict(
+        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=512,
+        rms_norm_eps=1e-5, use_qk_norm=True, rope_theta=10000.0,
+        rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
+    )  # fmt: skip
+    values.update(overrides)
+    return AutoConfig.for_model(model_type="hunyuan_v1_dense", **values)
+
+
+def tiny_model(**overrides: object) -> PreTrainedModel:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(**overrides), dtype=torch.float32)
+    # Larger weights than the default init make the logits decisive, so argmax ties cannot occur.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.15)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model() -> PreTrainedModel:
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def fast(model: PreTrainedModel) -> FastGenerator:
+    return FastGenerator.from_model(model, max_batch_size=4, max_seq_len=64)
+
+
+def hf_generate(
+    model: PreTrainedModel, prompt: tuple[int, ...], new: int, penalty: float = 1.0
+) -> list[int]:
+    config = GenerationConfig(
+        max_new_tokens=new, min_new_tokens=new, do_sample=False, repetition_penalty=penalty,
+        eos_token_id=None, pad_token_id=0, bos_token_id=1,
+    )  # fmt: skip
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), generation_config=config)
+    return list(out[0, len(prompt) :].tolist())
+
+
+def greedy_rows() -> list[GenerationRow]:
+    return [GenerationRow(p, n) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
+
+
+def test_greedy_tokens_equal_hf_generate(model: PreTrainedModel, fast: FastGenerator) -> None:
+    results = fast.generate(greedy_rows(), stop_token_ids=())
+    for (tokens, reason), prompt, new in zip(results, PROMPTS, MAX_NEW, strict=True):
+        assert tokens == hf_generate(model, prompt, new)
+        assert reason == "length"
+
+
+def test_prefill_and_decode_logits_match_hf(model: PreTrainedModel, fast: FastGenerator) -> None:
+    prompts = PROMPTS[:2]
+    forced = torch.tensor([[5, 77, 301, 9], [400, 2, 18, 18]])
+    ours = fast.teacher_forced_logits(prompts, forced)
+    for i, prompt in enumerate(prompts):
+        full = torch.tensor([list(prompt) + forced[i].tolist()])
+        with torch.no_grad():
+            theirs = model(full).logits[0, len(prompt) - 1 :].float()
+        torch.testing.assert_close(ours[i], theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_stops_at_stop_token(model: PreTrainedModel, fast: FastGenerator) -> None:
+    reference = hf_generate(model, PROMPTS[0], MAX_NEW[0])
+    stop = reference[3]
+    cut = reference.index(stop)
+    rows = [GenerationRow(PROMPTS[0], MAX_NEW[0]), GenerationRow(PROMPTS[1], MAX_NEW[1])]
+    (tokens, reason), (other, other_reason) = fast.generate(rows, stop_token_ids={stop, 511})
+    assert (tokens, reason) == (reference[:cut], "stop")
+    expected = hf_generate(model, PROMPTS[1], MAX_NEW[1])
+    if stop in expected:
+        assert (other, other_reason) == (expected[: expected.index(stop)], "stop")
+    else:
+        assert (other, other_reason) == (expected, "length")
+
+
+def test_batches_larger_than_max_batch_size_are_split(model: PreTrainedModel) -> None:
+    small = FastGenerator.from_model(tiny_model(), max_batch_size=2, max_seq_len=64)
+    results = small.generate(greedy_rows(), stop_token_ids=())
+    assert [tokens for tokens, _ in results] == [
+        hf_generate(model, p, n) for p, n in zip(PROMPTS, MAX_NEW, strict=True)
+    ]
+
+
+def test_sampling_is_reproducible_with_a_seed(fast: FastGenerator) -> None:
+    rows = [
+        GenerationRow(p, 12, SamplingParams(temperature=1.5, top_p=0.9, top_k=50)) for p in PROMPTS
+    ]
+    torch.manual_seed(123)
+    first = fast.generate(rows, stop_token_ids=())
+    torch.manual_seed(123)
+    second = fast.generate(rows, stop_token_ids=())
+    torch.manual_seed(7)
+    third = fast.generate(rows, stop_token_ids=())
+    assert first == second
+    assert first != third
+    assert all(len(tokens) == 12 for tokens, _ in first)
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(fast: FastGenerator) -> None:
+    greedy = fast.generate(greedy_rows(), stop_token_ids=())
+    for params in (
+        SamplingParams(top_k=1, repetition_penalty=1.0),
+        SamplingParams(top_k=0, top_p=1e-6, repetition_penalty=1.0),
+    ):
+        rows = [GenerationRow(p, n, params) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
+        assert fast.generate(rows, stop_token_ids=()) == greedy
+
+
+def test_repetition_penalty_matches_hf(model: PreTrainedModel, fast: FastGenerator) -> None:
+    params = SamplingParams(top_k=1, repetition_penalty=1.8)
+    mixed = [GenerationRow(PROMPTS[0], 15, params), GenerationRow(PROMPTS[2], 15)]
+    (penalised, _), (greedy, _) = fast.generate(mixed, stop_token_ids=())
+    assert penalised == hf_generate(model, PROMPTS[0], 15, penalty=1.8)
+    assert greedy == hf_generate(model, PROMPTS[2], 15)
+    assert penalised != hf_generate(model, PROMPTS[0], 15)
+
+
+def test_rows_that_do_not_fit_are_rejected(fast: FastGenerator) -> None:
+    with pytest.raises(ValueError, match="max_seq_len"):
+        fast.generate([GenerationRow(PROMPTS[0], 60)], stop_token_ids=())
+    with pytest.raises(ValueError, match="prompt"):
+        fast.generate([GenerationRow((), 4)], stop_token_ids=())
+
+
+@pytest.mark.parametrize(
+    "overrides", [{"hidden_act": "gelu"}, {"rope_scaling": {"type": "linear", "factor": 2.0}}]
+)
+def test_unsupported_configs_are_refused(overrides: dict[str, object]) -> None:
+    with pytest.raises(UnsupportedModelError):
+        FastGenerator.from_model(tiny_model(**overrides), max_batch_size=2, max_seq_len=32)
+
+
+def test_other_architectures_are_refused() -> None:
+    config = AutoConfig.for_model(
+        model_type="llama", num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+        num_attention_heads=2, num_key_value_heads=1, vocab_size=64,
+    )  # fmt: skip
+    llama = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(UnsupportedModelError, match="model_type"):
+        FastGenerator.from_model(llama, max_batch_size=2, max_seq_len=32)
+
+
+def test_describe_on_cpu(fast: FastGenerator) -> None:
+    info = fast.describe()
+    assert info["cuda_graphs"] is False
+    assert info["attention_kernel"] == "torch_reference"
+    assert info["buckets"] == [1, 2, 4]
+
+
+def test_odd_vocabulary_is_padded_without_changing_tokens() -> None:
+    model = tiny_model(vocab_size=509)
+    expected = [hf_generate(model, p, n) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
+    fast = FastGenerator.from_model(model, max_batch_size=4, max_seq_len=64)
+    assert model.lm_head.weight.shape[0] == 509
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert [tokens for tokens, _ in fast.generate(greedy_rows(), stop_token_ids=())] == expected
+    assert [hf_generate(model, p, n) for p, n in zip(PROMPTS, MAX_NEW, strict=True)] == expected
