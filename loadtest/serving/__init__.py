@@ -1,0 +1,1 @@
+"""Serving benchmark: our TorchServe deployment against the naive one-process server."""

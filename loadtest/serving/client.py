@@ -1,0 +1,115 @@
+"""A closed-loop load client (standard library only, so it runs on a bare GPU machine).
+
+Each of ``users`` threads sends a request, waits for the answer, and sends the next, for a
+fixed time. Requests still running at the end are waited for (up to ``drain_s``) and counted
+with their real latency; requests/s counts completions over the whole time.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Job = tuple[str, dict[str, Any], dict[str, str], int]  # url, body, headers, output tokens
+
+
+@dataclass
+class Outcome:
+    latencies_ms: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, latency_ms: float, tokens: int, error: str | None) -> None:
+        with self.lock:
+            if error is None:
+                self.latencies_ms.append(latency_ms)
+                self.output_tokens += tokens
+            else:
+                self.errors += 1
+                if len(self.error_samples) < 5:
+                    self.error_samples.append(error)
+
+
+def send(job: Job, timeout: float) -> tuple[int, str | None]:
+    """(output tokens, None) on success, (0, what went wrong) otherwise."""
+    url, body, headers, expected = job
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json", **headers}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return 0, f"HTTP {exc.code}: {exc.read()[:200]!r}"
+    except (OSError, ValueError) as exc:
+        return 0, f"{type(exc).__name__}: {exc}"
+    tokens = answer.get("usage", {}).get("output_tokens", answer.get("output_tokens", expected))
+    return int(tokens), None
+
+
+def run_closed_loop(
+    make_job: Callable[[random.Random], Job],
+    users: int,
+    duration_s: float,
+    timeout: float = 600.0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Drive ``users`` closed-loop clients for ``duration_s``; summary statistics."""
+    outcome = Outcome()
+    stop_at = time.monotonic() + duration_s
+
+    def user(index: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        while time.monotonic() < stop_at:
+            job = make_job(rng)
+            started = time.perf_counter()
+            tokens, error = send(job, timeout)
+            outcome.add((time.perf_counter() - started) * 1000, tokens, error)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(users)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - started
+    return summarise(outcome, users, elapsed)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def summarise(outcome: Outcome, users: int, elapsed: float) -> dict[str, Any]:
+    done = len(outcome.latencies_ms)
+    return {
+        "users": users,
+        "elapsed_s": round(elapsed, 2),
+        "requests": done,
+        "requests_per_s": round(done / elapsed, 3),
+        "output_tokens_per_s": round(outcome.output_tokens / elapsed, 1),
+        "p50_ms": _round(percentile(outcome.latencies_ms, 50)),
+        "p95_ms": _round(percentile(outcome.latencies_ms, 95)),
+        "p99_ms": _round(percentile(outcome.latencies_ms, 99)),
+        "mean_ms": _round(statistics.fmean(outcome.latencies_ms) if done else None),
+        "errors": outcome.errors,
+        "error_samples": outcome.error_samples,
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

@@ -1,0 +1,345 @@
+"""Serving benchmark: our TorchServe deployment against the naive Flask server, same GPU, same load.
+
+In one run: save a 7B-shaped random-weight model to local disk (once), serve it through the real
+package (archive, config.properties, token auth on), drive it with closed-loop users at each
+concurrency for a fixed time, then do the same with the naive baseline
+(``naive_server.py``: fp16, a lock, one ``generate`` per request). Output lengths are fixed by
+one rule for both systems: 1.2 x the source text's tokens (random weights never choose EOS).
+Writes results.json, results.md and PNG plots to ``--out``.
+
+    PYTHONPATH=handler:loadtest/serving python loadtest/serving/run_bench.py --out DIR
+    PYTHONPATH=handler:loadtest/serving python loadtest/serving/run_bench.py --tiny --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from client import Job, run_closed_loop, send
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "hunyuan-mt"
+SEVEN_B = dict(
+    num_hidden_layers=32,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128167,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-5,
+    use_qk_norm=True,
+    rope_theta=10000.0,
+    rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
+    bos_token_id=127958,
+    eos_token_id=127960,
+    pad_token_id=127961,
+    tie_word_embeddings=True,
+)
+
+
+def build_model(out: Path, tokenizer_dir: Path | None, tiny: bool) -> Path:
+    """Save the model folder once (random weights + the real tokenizer)."""
+    if (out / "config.json").is_file():
+        return out
+    if tiny:
+        from hymt_serve.tiny_model import build_tiny_model
+
+        return build_tiny_model(out, tokenizer_dir)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.for_model(model_type="hunyuan_v1_dense", **SEVEN_B)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def sentence_jobs(model_dir: Path, cap: int) -> list[tuple[dict[str, Any], int]]:
+    """The load test's sentence mix (segments under 300 characters) with fixed lengths."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    jobs = []
+    for line in (REPO / "loadtest/data/segments.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if len(row["text"]) >= 300:
+            continue
+        n_in = len(tokenizer(row["text"], add_special_tokens=False)["input_ids"])
+        jobs.append((row, max(8, min(cap, round(1.2 * n_in)))))
+    return jobs
+
+
+class GpuSampler:
+    """nvidia-smi utilisation and memory every half second, averaged per window."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        query = [
+            "nvidia-smi",
+            "--query-gpu=utilization.gpu,memory.used",
+            "--format=csv,noheader,nounits",
+            "-i",
+            "0",
+        ]
+        while not self._stop.is_set():
+            try:
+                util, mem = (
+                    subprocess.run(query, capture_output=True, text=True, timeout=5, check=True)
+                    .stdout.strip()
+                    .split(",")
+                )
+                self.samples.append((time.monotonic(), float(util), float(mem) / 1024))
+            except (OSError, ValueError, subprocess.SubprocessError):
+                pass
+            self._stop.wait(0.5)
+
+    def window(self, start: float, end: float) -> dict[str, float | None]:
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if not inside:
+            return {"gpu_util_pct": None, "gpu_mem_gb": None}
+        return {
+            "gpu_util_pct": round(sum(s[1] for s in inside) / len(inside), 1),
+            "gpu_mem_gb": round(max(s[2] for s in inside), 2),
+        }
+
+
+def measure_levels(
+    system: str,
+    make_job: Callable[[random.Random], Job],
+    users: Sequence[int],
+    duration: float,
+    sampler: GpuSampler,
+) -> list[dict[str, Any]]:
+    rows = []
+    for count in users:
+        start = time.monotonic()
+        stats = run_closed_loop(make_job, count, duration)
+        stats.update(sampler.window(start, time.monotonic()), system=system, gpus=1)
+        print(json.dumps(stats), flush=True)
+        rows.append(stats)
+    return rows
+
+
+def wait_first_success(job: Job, started: float, timeout: float = 900) -> float:
+    """Seconds from ``started`` until the first successful translation."""
+    while time.monotonic() - started < timeout:
+        if send(job, 60)[1] is None:
+            return round(time.monotonic() - started, 1)
+        time.sleep(0.5)
+    raise RuntimeError(f"no successful translation within {timeout} s")
+
+
+def bench_torchserve(
+    model_dir: Path,
+    jobs: list[tuple[dict[str, Any], int]],
+    args: Any,
+    sampler: GpuSampler,
+    work: Path,
+) -> tuple[list[dict[str, Any]], float]:
+    from hymt_serve.archive import build_archive
+    from hymt_serve.launcher import start, stop, wait_ready
+
+    profile = "cpu" if args.tiny else "gpu"
+    build_archive(
+        model_path=model_dir,
+        template=REPO / f"configs/model-config-{profile}.yaml",
+        export_path=work / "model_store",
+        overrides={"batchSize": args.batch_size, "maxBatchDelay": args.batch_delay},
+    )
+    started = time.monotonic()
+    server, _ = start(REPO / "config.properties", work / "run", model_store=work / "model_store")
+    try:
+        wait_ready(server, [MODEL], timeout=900)
+        url = f"{server.inference_url()}/predictions/{MODEL}"
+
+        def make_job(rng: random.Random) -> Job:
+            row, n = rng.choice(jobs)
+            body = {
+                "text": row["text"],
+                "source_lang": row["source_lang"],
+                "target_lang": row["target_lang"],
+                "max_new_tokens": n,
+            }
+            return url, body, server.headers("inference"), n
+
+        cold = wait_first_success(make_job(random.Random(0)), started)
+        print(f"torchserve cold start {cold} s", flush=True)
+        return measure_levels("torchserve", make_job, args.users, args.duration, sampler), cold
+    finally:
+        stop(server)
+
+
+def bench_naive(
+    model_dir: Path, jobs: list[tuple[dict[str, Any], int]], args: Any, sampler: GpuSampler
+) -> tuple[list[dict[str, Any]], float]:
+    port = 5077
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("naive_server.py")),
+            "--model-path",
+            str(model_dir),
+            "--port",
+            str(port),
+        ]
+    )
+    url = f"http://127.0.0.1:{port}/translate"
+
+    def make_job(rng: random.Random) -> Job:
+        row, n = rng.choice(jobs)
+        body = {
+            "text": row["text"],
+            "src_lang": row["source_lang"],
+            "tgt_lang": row["target_lang"],
+            "max_new_tokens": n,
+        }
+        return url, body, {}, n
+
+    try:
+        cold = wait_first_success(make_job(random.Random(0)), started)
+        print(f"naive cold start {cold} s", flush=True)
+        return measure_levels("naive", make_job, args.naive_users, args.duration, sampler), cold
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def write_report(out: Path, result: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    head = (
+        "| system | users | requests/s | output tokens/s | p50 ms | p95 ms | p99 ms | errors "
+        "| GPU util % | GPU mem GB |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: |\n"
+    )
+    lines = [
+        f"| {r['system']} | {r['users']} | {r['requests_per_s']} | {r['output_tokens_per_s']} "
+        f"| {r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['errors']} "
+        f"| {r['gpu_util_pct']} | {r['gpu_mem_gb']} |"
+        for r in result["rows"]
+    ]
+    cold = ", ".join(f"{k} {v} s" for k, v in result["cold_start_s"].items())
+    text = (
+        f"# Serving benchmark: {result['gpu']}, {result['date']}\n\n`{result['command']}`\n\n"
+        f"{result['note']}\n\nCold start (start command to first translation): {cold}.\n\n"
+        + head
+        + "\n".join(lines)
+        + "\n"
+    )
+    (out / "results.md").write_text(text)
+    plot(out, result["rows"])
+
+
+def plot(out: Path, rows: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for system, style in (("torchserve", "o-"), ("naive", "s--")):
+        mine = [r for r in rows if r["system"] == system and r["requests"]]
+        users = [r["users"] for r in mine]
+        left.plot(users, [r["requests_per_s"] for r in mine], style, label=system)
+        right.plot(users, [r["p50_ms"] for r in mine], style, label=f"{system} p50")
+        right.plot(users, [r["p95_ms"] for r in mine], style, alpha=0.5, label=f"{system} p95")
+    for axis, label in ((left, "requests/s"), (right, "latency ms")):
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("concurrent users")
+        axis.set_ylabel(label)
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend()
+    fig.suptitle("Hunyuan-MT 7B-shaped model: TorchServe deployment vs naive Flask server")
+    fig.tight_layout()
+    fig.savefig(out / "serving.png", dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/hymt-7b-random"))
+    parser.add_argument("--tokenizer", type=Path, default=None)
+    parser.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
+    parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument(
+        "--users", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64, 128]
+    )
+    parser.add_argument(
+        "--naive-users", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32]
+    )
+    parser.add_argument("--duration", type=float, default=12.0)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-delay", type=int, default=5)
+    parser.add_argument("--cap", type=int, default=512)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/hymt-serving-work"))
+    args = parser.parse_args()
+    from hymt_serve.tiny_model import default_tokenizer_dir
+
+    model_dir = build_model(args.model_dir, args.tokenizer or default_tokenizer_dir(), args.tiny)
+    jobs = sentence_jobs(model_dir, args.cap if not args.tiny else 32)
+    sampler = GpuSampler()
+    work = args.work
+    rows, cold = bench_torchserve(model_dir, jobs, args, sampler, work)
+    colds = {"torchserve": cold}
+    if not args.skip_naive:
+        naive_rows, colds["naive"] = bench_naive(model_dir, jobs, args, sampler)
+        rows += naive_rows
+    write_report(
+        args.out,
+        {
+            "gpu": _gpu_name(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "command": " ".join(["python", *sys.argv]),
+            "cold_start_s": colds,
+            "rows": rows,
+            "duration_s": args.duration,
+            "batch_size": args.batch_size,
+            "max_batch_delay_ms": args.batch_delay,
+            "segments": len(jobs),
+            "note": (
+                f"Closed-loop users for {args.duration:.0f} s per level; the load test's sentence "
+                f"mix ({len(jobs)} segments under 300 characters, many language pairs); output "
+                "length 1.2 x source tokens for both systems; TorchServe batchSize "
+                f"{args.batch_size}, maxBatchDelay {args.batch_delay} ms, one worker,"
+                " token auth on."
+            ),
+        },
+    )
+
+
+def _gpu_name() -> str:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    except ImportError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
