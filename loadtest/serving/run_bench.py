@@ -91,6 +91,7 @@ class GpuSampler:
 
     def __init__(self) -> None:
         self.samples: list[tuple[float, float, float]] = []
+        self.gpus = 1
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -100,17 +101,14 @@ class GpuSampler:
             "nvidia-smi",
             "--query-gpu=utilization.gpu,memory.used",
             "--format=csv,noheader,nounits",
-            "-i",
-            "0",
         ]
         while not self._stop.is_set():
             try:
-                util, mem = (
-                    subprocess.run(query, capture_output=True, text=True, timeout=5, check=True)
-                    .stdout.strip()
-                    .split(",")
-                )
-                self.samples.append((time.monotonic(), float(util), float(mem) / 1024))
+                out = subprocess.run(query, capture_output=True, text=True, timeout=5, check=True)
+                lines = out.stdout.strip().splitlines()[: self.gpus]
+                gpus = [[float(v) for v in line.split(",")] for line in lines]
+                util = sum(g[0] for g in gpus) / len(gpus)  # mean over the GPUs in use
+                self.samples.append((time.monotonic(), util, sum(g[1] for g in gpus) / 1024))
             except (OSError, ValueError, subprocess.SubprocessError):
                 pass
             self._stop.wait(0.5)
@@ -157,7 +155,9 @@ def bench_torchserve(
     args: Any,
     sampler: GpuSampler,
     work: Path,
+    gpus: int = 1,
 ) -> tuple[list[dict[str, Any]], float]:
+    """One worker per GPU (TorchServe assigns GPUs to workers round robin)."""
     from hymt_serve.archive import build_archive
     from hymt_serve.launcher import start, stop, wait_ready
 
@@ -166,8 +166,14 @@ def bench_torchserve(
         model_path=model_dir,
         template=REPO / f"configs/model-config-{profile}.yaml",
         export_path=work / "model_store",
-        overrides={"batchSize": args.batch_size, "maxBatchDelay": args.batch_delay},
+        overrides={
+            "batchSize": args.batch_size,
+            "maxBatchDelay": args.batch_delay,
+            "minWorkers": gpus,
+            "maxWorkers": gpus,
+        },
     )
+    sampler.gpus = gpus
     started = time.monotonic()
     server, _ = start(REPO / "config.properties", work / "run", model_store=work / "model_store")
     try:
@@ -186,7 +192,10 @@ def bench_torchserve(
 
         cold = wait_first_success(make_job(random.Random(0)), started)
         print(f"torchserve cold start {cold} s", flush=True)
-        return measure_levels("torchserve", make_job, args.users, args.duration, sampler), cold
+        rows = measure_levels("torchserve", make_job, args.users, args.duration, sampler)
+        for row in rows:
+            row["gpus"] = gpus
+        return rows, cold
     finally:
         stop(server)
 
@@ -230,17 +239,21 @@ def bench_naive(
 def write_report(out: Path, result: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    head = (
-        "| system | users | requests/s | output tokens/s | p50 ms | p95 ms | p99 ms | errors "
-        "| GPU util % | GPU mem GB |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: |\n"
-    )
-    lines = [
-        f"| {r['system']} | {r['users']} | {r['requests_per_s']} | {r['output_tokens_per_s']} "
-        f"| {r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['errors']} "
-        f"| {r['gpu_util_pct']} | {r['gpu_mem_gb']} |"
-        for r in result["rows"]
+    columns = [
+        "system",
+        "gpus",
+        "users",
+        "requests_per_s",
+        "output_tokens_per_s",
+        "p50_ms",
+        "p95_ms",
+        "p99_ms",
+        "errors",
+        "gpu_util_pct",
+        "gpu_mem_gb",
     ]
+    head = "| " + " | ".join(columns) + " |\n| --- |" + " ---: |" * (len(columns) - 1) + "\n"
+    lines = ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in result["rows"]]
     cold = ", ".join(f"{k} {v} s" for k, v in result["cold_start_s"].items())
     text = (
         f"# Serving benchmark: {result['gpu']}, {result['date']}\n\n`{result['command']}`\n\n"
@@ -260,8 +273,10 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for system, style in (("torchserve", "o-"), ("naive", "s--")):
-        mine = [r for r in rows if r["system"] == system and r["requests"]]
+    systems = sorted({(r["system"], r["gpus"]) for r in rows})
+    for (name, gpus), style in zip(systems, ("s--", "o-", "^-", "v-"), strict=False):
+        mine = [r for r in rows if (r["system"], r["gpus"]) == (name, gpus) and r["requests"]]
+        system = name if gpus == 1 else f"{name} x{gpus} GPUs"
         users = [r["users"] for r in mine]
         left.plot(users, [r["requests_per_s"] for r in mine], style, label=system)
         right.plot(users, [r["p50_ms"] for r in mine], style, label=f"{system} p50")
@@ -292,6 +307,12 @@ def main() -> None:
         "--naive-users", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32]
     )
     parser.add_argument("--duration", type=float, default=12.0)
+    parser.add_argument(
+        "--gpus",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1],
+        help="TorchServe configurations to run: workers = GPUs, e.g. 1,2",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batch-delay", type=int, default=5)
     parser.add_argument("--cap", type=int, default=512)
@@ -303,8 +324,12 @@ def main() -> None:
     jobs = sentence_jobs(model_dir, args.cap if not args.tiny else 32)
     sampler = GpuSampler()
     work = args.work
-    rows, cold = bench_torchserve(model_dir, jobs, args, sampler, work)
-    colds = {"torchserve": cold}
+    rows: list[dict[str, Any]] = []
+    colds: dict[str, float] = {}
+    for gpus in args.gpus:
+        ts_rows, cold = bench_torchserve(model_dir, jobs, args, sampler, work, gpus)
+        rows += ts_rows
+        colds["torchserve" if gpus == 1 else f"torchserve_{gpus}gpus"] = cold
     if not args.skip_naive:
         naive_rows, colds["naive"] = bench_naive(model_dir, jobs, args, sampler)
         rows += naive_rows
@@ -324,7 +349,7 @@ def main() -> None:
                 f"Closed-loop users for {args.duration:.0f} s per level; the load test's sentence "
                 f"mix ({len(jobs)} segments under 300 characters, many language pairs); output "
                 "length 1.2 x source tokens for both systems; TorchServe batchSize "
-                f"{args.batch_size}, maxBatchDelay {args.batch_delay} ms, one worker,"
+                f"{args.batch_size}, maxBatchDelay {args.batch_delay} ms, one worker per GPU,"
                 " token auth on."
             ),
         },
