@@ -24,38 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from hymt_serve.fast_engine import FastGenerator, UnsupportedModelError
 from hymt_serve.generation import GenerationRow
+from hymt_serve.tiny_model import random_7b_model
 
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
 
 
 def build_model() -> PreTrainedModel:
     """The 7B-shaped model of ../shared/GPU.md with random bf16 weights on the GPU."""
-    config = AutoConfig.for_model(
-        model_type="hunyuan_v1_dense",
-        num_hidden_layers=32,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=128167,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-5,
-        use_qk_norm=True,
-        rope_theta=10000.0,
-        rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
-        bos_token_id=127958,
-        eos_token_id=127960,
-        pad_token_id=127961,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    model: PreTrainedModel = random_7b_model("cuda")
+    return model
 
 
 def copy_bandwidth(gib: int = 4) -> float:

@@ -48,6 +48,26 @@ TINY_SHAPE: dict[str, Any] = {
     "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
     "tie_word_embeddings": True,
 }
+# Hunyuan-MT-7B's shape (7.5 B parameters, 15 GB in bf16), for benchmarks with random weights:
+# speed does not depend on the values of the weights.
+SEVEN_B_SHAPE: dict[str, Any] = {
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128167,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-5,
+    "use_qk_norm": True,
+    "rope_theta": 10000.0,
+    "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
+    "bos_token_id": 127958,
+    "eos_token_id": 127960,
+    "pad_token_id": 127961,
+    "tie_word_embeddings": True,
+}
 _SAMPLE_TEXT = (
     "Hello, world. How are you today? The weather is nice. Machine translation is useful.",
     "你好，世界。今天天气很好。机器翻译很有用。我们一起去吃饭吧。",
@@ -110,6 +130,17 @@ def _training_corpus() -> list[str]:
         corpus.append(build_prompt(_SAMPLE_TEXT[0], english, language)[0])
         corpus.append(build_prompt(_SAMPLE_TEXT[1], chinese, language)[0])
     return corpus
+
+
+def random_7b_model(device: str = "cuda", seed: int = 0) -> Any:
+    """The 7B-shaped ``hunyuan_v1_dense`` with random bf16 weights, built on ``device``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type="hunyuan_v1_dense", **SEVEN_B_SHAPE)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
 
 
 def build_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0) -> Path:

@@ -30,24 +30,6 @@ from client import Job, run_closed_loop, send
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "hunyuan-mt"
-SEVEN_B = dict(
-    num_hidden_layers=32,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    vocab_size=128167,
-    max_position_embeddings=32768,
-    rms_norm_eps=1e-5,
-    use_qk_norm=True,
-    rope_theta=10000.0,
-    rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
-    bos_token_id=127958,
-    eos_token_id=127960,
-    pad_token_id=127961,
-    tie_word_embeddings=True,
-)
 
 
 def build_model(out: Path, tokenizer_dir: Path | None, tiny: bool) -> Path:
@@ -59,11 +41,11 @@ def build_model(out: Path, tokenizer_dir: Path | None, tiny: bool) -> Path:
 
         return build_tiny_model(out, tokenizer_dir)
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    config = AutoConfig.for_model(model_type="hunyuan_v1_dense", **SEVEN_B)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    from hymt_serve.tiny_model import random_7b_model
+
+    model = random_7b_model("cuda")
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
     del model

@@ -6,11 +6,12 @@ import copy
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 from hymt_serve.fast_attention import _triton_decode_attention, reference_decode_attention
 from hymt_serve.fast_engine import FastGenerator
 from hymt_serve.generation import GenerationRow
+from hymt_serve.tiny_model import random_7b_model
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,16 +31,8 @@ NEAR_TIE = 0.15  # bf16 logits of this model differ from transformers' by up to 
 
 @pytest.fixture(scope="module")
 def model() -> PreTrainedModel:
-    config = AutoConfig.for_model(
-        model_type="hunyuan_v1_dense", num_hidden_layers=32, hidden_size=4096,
-        intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        vocab_size=128167, max_position_embeddings=32768, rms_norm_eps=1e-5, use_qk_norm=True,
-        rope_theta=10000.0, rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
-        bos_token_id=127958, eos_token_id=127960, pad_token_id=127961, tie_word_embeddings=True,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    built: PreTrainedModel = random_7b_model("cuda")
+    return built
 
 
 @pytest.fixture(scope="module")
