@@ -139,8 +139,23 @@ class HFEngine:
         return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
     def generate(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
-        if self.fast is not None:
-            return self._generate_fast(rows)
+        """One result per row; raises OutOfMemory (507) when the device runs out of memory."""
+        try:
+            self._inject_fault(rows)
+            if self.fast is not None:
+                return self._generate_fast(rows)
+            return self._generate_hf(rows)
+        except torch.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            raise _oom(len(rows)) from exc
+
+    def _inject_fault(self, rows: Sequence[GenerationRow]) -> None:
+        """Test-only: a row asking for ``test_oom_max_new_tokens`` makes its batch run out of memory."""
+        marker = self.settings.test_oom_max_new_tokens
+        if marker and any(row.max_new_tokens == marker for row in rows):
+            raise torch.OutOfMemoryError(f"injected by test_oom_max_new_tokens={marker}")
+
+    def _generate_hf(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
         by_sampling: dict[SamplingParams | None, list[int]] = defaultdict(list)
         for index, row in enumerate(rows):
             by_sampling[row.sampling].append(index)
@@ -156,14 +171,10 @@ class HFEngine:
     ) -> list[GenerationResult]:
         input_ids, attention_mask = self._left_pad([row.prompt_ids for row in rows])
         config = self._generation_config(max(row.max_new_tokens for row in rows), sampling)
-        try:
-            with torch.inference_mode():
-                output = self.model.generate(
-                    input_ids=input_ids, attention_mask=attention_mask, generation_config=config
-                )
-        except torch.OutOfMemoryError as exc:
-            torch.cuda.empty_cache()
-            raise _oom(len(rows)) from exc
+        with torch.inference_mode():
+            output = self.model.generate(
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=config
+            )
         new_tokens = output[:, input_ids.shape[1] :].tolist()
         return [
             self._result(tokens, row.max_new_tokens)
@@ -171,11 +182,7 @@ class HFEngine:
         ]
 
     def _generate_fast(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
-        try:
-            generated = self.fast.generate(rows, self.stop_ids)
-        except torch.OutOfMemoryError as exc:
-            torch.cuda.empty_cache()
-            raise _oom(len(rows)) from exc
+        generated = self.fast.generate(rows, self.stop_ids)
         return [
             GenerationResult(
                 self.tokenizer.decode(tokens, skip_special_tokens=True), tuple(tokens), finish

@@ -35,6 +35,7 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "max_chars_per_text": (1, 1_000_000),
     "max_batch_rows": (1, 4_096),
     "top_k": (1, 1_000),
+    "test_oom_max_new_tokens": (0, 32_768),
 }
 
 # key: (lowest, highest, lowest excluded?)
@@ -61,6 +62,9 @@ class Settings:
     max_chars_per_text: int = 4000
     max_batch_rows: int = 64
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Test-only fault injection (0 = off): a batch holding a request with exactly this
+    # max_new_tokens fails with a device out-of-memory error. Never set it in production.
+    test_oom_max_new_tokens: int = 0
 
     @classmethod
     def from_mapping(

@@ -65,3 +65,16 @@ def test_unsupported_model_falls_back_with_the_reason(
     assert engine.fast is None
     assert engine.describe()["fallback_reason"] == "test: not this model"
     assert engine.generate(rows_for(engine))[1].output_tokens == 4
+
+
+def test_injected_out_of_memory_is_a_507_error_and_the_engine_keeps_serving(
+    tiny_model_dir: Path,
+) -> None:
+    from hymt_serve.errors import OutOfMemory
+
+    engine = load(tiny_model_dir, engine="hf", test_oom_max_new_tokens=3)
+    rows = rows_for(engine)
+    with pytest.raises(OutOfMemory) as info:
+        engine.generate([*rows, GenerationRow(rows[0].prompt_ids, 3)])
+    assert info.value.status == 507
+    assert [r.output_tokens for r in engine.generate(rows)] == [10, 4, 7]
