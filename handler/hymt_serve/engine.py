@@ -150,7 +150,7 @@ class HFEngine:
             raise _oom(len(rows)) from exc
 
     def _inject_fault(self, rows: Sequence[GenerationRow]) -> None:
-        """Test-only: a row asking for ``test_oom_max_new_tokens`` makes its batch run out of memory."""
+        """Test-only: a row with ``test_oom_max_new_tokens`` makes its batch run out of memory."""
         marker = self.settings.test_oom_max_new_tokens
         if marker and any(row.max_new_tokens == marker for row in rows):
             raise torch.OutOfMemoryError(f"injected by test_oom_max_new_tokens={marker}")

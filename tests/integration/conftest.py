@@ -1,10 +1,12 @@
-"""A real TorchServe, started once per session from an archive built here, on free ports."""
+"""Real TorchServes started from archives built here, on free loopback ports."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,15 +27,20 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-@pytest.fixture(scope="session")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    store = tmp_path_factory.mktemp("model_store")
-    # A longer batch delay than the demo's, so that concurrent test requests share a batch.
+@contextlib.contextmanager
+def running_server(
+    model_dir: Path,
+    folder: Path,
+    archive_overrides: Mapping[str, Any],
+    config_overrides: Mapping[str, str] | None = None,
+) -> Iterator[Server]:
+    """Build an archive of ``model_dir`` (CPU profile + overrides), start, wait, stop after."""
+    store = folder / "model_store"
     build_archive(
-        model_path=tiny_model_dir,
+        model_path=model_dir,
         template=REPO / "configs/model-config-cpu.yaml",
         export_path=store,
-        overrides={"maxBatchDelay": 200, "handler.max_new_tokens": 16},
+        overrides=archive_overrides,
     )
     inference, management, metrics, grpc_i, grpc_m, worker = free_ports(6)
     overrides = {
@@ -43,16 +50,26 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         "grpc_inference_port": str(grpc_i),
         "grpc_management_port": str(grpc_m),
         "initial_worker_port": str(worker),
+        **(config_overrides or {}),
     }
-    running, _ = start(
+    server, _ = start(
         REPO / "config.properties",
-        tmp_path_factory.mktemp("run"),
+        folder / "run",
         model_store=store,
         models=[f"{MODEL}={MODEL}.mar"],
         overrides=overrides,
     )
     try:
-        wait_ready(running, [MODEL], timeout=240)
-        yield running
+        wait_ready(server, [MODEL], timeout=240)
+        yield server
     finally:
-        stop(running)
+        stop(server)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The shared server. A longer batch delay than the demo's, so that concurrent test
+    requests share a batch."""
+    overrides = {"maxBatchDelay": 200, "handler.max_new_tokens": 16}
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("main"), overrides) as running:
+        yield running
