@@ -104,6 +104,11 @@ def write_properties(values: Mapping[str, str], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def _java_regex_literal(text: str) -> str:
+    """``text`` as a regex literal, escaped once more for a Java properties file."""
+    return re.escape(text).replace("\\", "\\\\")
+
+
 def _url(address: str) -> str:
     return address.replace("0.0.0.0", "127.0.0.1")
 
@@ -197,6 +202,9 @@ def start(
     values = render_properties(config.resolve(), dict(overrides or {}))
     if model_store is not None:
         values["model_store"] = str(model_store.resolve())
+    if "{model_store}" in values.get("allowed_urls", ""):
+        store = _java_regex_literal(values.get("model_store", ""))
+        values["allowed_urls"] = values["allowed_urls"].replace("{model_store}", store)
     write_properties(values, server.config_path)
     (workdir / KEY_FILE).unlink(missing_ok=True)
     command = [*torchserve_command(), "--start", "--ncs", "--ts-config", str(server.config_path)]
