@@ -11,6 +11,8 @@ Environment (read once, at test start):
     HYMT_MODEL           model name (hunyuan-mt)
     HYMT_MAX_NEW_TOKENS  optional max_new_tokens sent with every request
     HYMT_P95_MS          p95 latency budget in milliseconds (10000)
+    HYMT_REJECT_MS       overload tests: a 503 answered within this many ms is an expected
+                         rejection (reported as "<name>:rejected"), a slower one a failure
     HYMT_DATA            segments file (data/segments.jsonl beside this file)
 """
 
@@ -63,6 +65,7 @@ class Settings:
     headers: dict[str, str]
     max_new_tokens: int | None
     p95_ms: float
+    reject_ms: float | None  # with HYMT_REJECT_MS set, a fast 503 is an expected rejection
     short: list[Segment]
     long: list[Segment]
     groups: list[list[Segment]]  # short segments of one language pair, two or more each
@@ -130,6 +133,7 @@ def load_settings() -> Settings:
         headers={"Authorization": f"Bearer {token}"} if token else {},
         max_new_tokens=env_positive("HYMT_MAX_NEW_TOKENS", int),
         p95_ms=env_positive("HYMT_P95_MS", float) or DEFAULT_P95_MS,
+        reject_ms=env_positive("HYMT_REJECT_MS", float),
         short=short,
         long=[s for s in segments if len(s.text) >= LONG_CHARS] or short,
         groups=groups,
@@ -243,6 +247,9 @@ class TranslationUser(FastHttpUser):
         ) as resp:
             if resp.status_code == 0 or (resp.js is None and resp.text):
                 return  # rest() already recorded the connection error or the unparsable body
+            if resp.status_code == 503 and settings.reject_ms is not None:
+                self.rejected(resp, name, settings.reject_ms)
+                return
             single = isinstance(text, str)
             problem: str | None
             if resp.status_code != 200:
@@ -251,6 +258,16 @@ class TranslationUser(FastHttpUser):
                 problem = contract_problem(resp.js, 1 if single else len(text), single, target)
             if problem:
                 resp.failure(problem)  # type: ignore[no-untyped-call]  # locust is untyped here
+
+    @staticmethod
+    def rejected(resp: Any, name: str, budget_ms: float) -> None:
+        """Overload tests: a full queue must answer 503 at once, not after a wait."""
+        resp.request_meta["name"] = f"{name}:rejected"
+        took = resp.request_meta["response_time"]
+        if took > budget_ms:
+            resp.failure(f"503 after {took:.0f} ms, over HYMT_REJECT_MS={budget_ms:g}")
+        else:
+            resp.success()
 
 
 @events.test_start.add_listener  # type: ignore[untyped-decorator]

@@ -1,0 +1,198 @@
+"""Overload and faults against a real TorchServe with a deliberately small queue.
+
+The server here runs one worker, batches of one request and a job queue of four, so that a
+burst overflows it; a test-only setting makes any request asking for 13 new tokens fail its
+batch with a device out-of-memory error.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import requests
+from conftest import MODEL, REPO, running_server
+
+from hymt_serve.launcher import Server
+
+pytestmark = pytest.mark.integration
+OOM_MARKER = 13
+RESPONSE_TIMEOUT_S = 30
+QUEUE = 4
+
+
+@pytest.fixture(scope="module")
+def small_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    archive = {
+        "batchSize": 1,
+        "maxBatchDelay": 10,
+        "jobQueueSize": QUEUE,
+        "minWorkers": 1,
+        "maxWorkers": 1,
+        "responseTimeout": RESPONSE_TIMEOUT_S,
+        "handler.max_new_tokens": 32,
+        "handler.test_oom_max_new_tokens": OOM_MARKER,
+    }
+    config = {"default_response_timeout": str(RESPONSE_TIMEOUT_S)}
+    with running_server(
+        tiny_model_dir, tmp_path_factory.mktemp("small"), archive, config
+    ) as server:
+        yield server
+
+
+def predict(server: Server, max_new_tokens: int = 32, timeout: float = 60) -> tuple[int, float]:
+    """(status, seconds) of one translation request."""
+    started = time.perf_counter()
+    response = requests.post(
+        f"{server.inference_url()}/predictions/{MODEL}",
+        json={
+            "text": "The quick brown fox jumps over the lazy dog.",
+            "target_lang": "de",
+            "max_new_tokens": max_new_tokens,
+        },
+        headers=server.headers("inference"),
+        timeout=timeout,
+    )
+    return response.status_code, time.perf_counter() - started
+
+
+def workers(server: Server) -> list[dict[str, object]]:
+    response = requests.get(
+        f"{server.management_url()}/models/{MODEL}",
+        headers=server.headers("management"),
+        timeout=10,
+    )
+    response.raise_for_status()
+    return list(response.json()[0]["workers"])
+
+
+def wait_until_ready(server: Server, timeout: float = 120) -> list[dict[str, object]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        current = workers(server)
+        if current and all(w["status"] == "READY" for w in current):
+            return current
+        time.sleep(0.5)
+    raise AssertionError(f"workers not READY after {timeout} s: {workers(server)}")
+
+
+def test_out_of_memory_fails_its_batch_with_507_and_the_worker_keeps_serving(
+    small_server: Server,
+) -> None:
+    pid = wait_until_ready(small_server)[0]["pid"]
+    response = requests.post(
+        f"{small_server.inference_url()}/predictions/{MODEL}",
+        json={"text": "hello", "target_lang": "fr", "max_new_tokens": OOM_MARKER},
+        headers=small_server.headers("inference"),
+        timeout=60,
+    )
+    assert response.status_code == 507
+    assert response.json()["error_type"] == "out_of_memory"
+    assert predict(small_server)[0] == 200
+    assert workers(small_server)[0]["pid"] == pid
+
+
+def test_a_burst_beyond_the_queue_gets_fast_503s_and_nothing_hangs(small_server: Server) -> None:
+    wait_until_ready(small_server)
+    with concurrent.futures.ThreadPoolExecutor(40) as pool:
+        results = list(pool.map(lambda _: predict(small_server), range(40)))
+    statuses = [status for status, _ in results]
+    assert set(statuses) <= {200, 503}, statuses
+    rejected = [seconds for status, seconds in results if status == 503]
+    assert len(rejected) >= 40 - (QUEUE + 2) * 3  # a queue of 4 cannot hold a burst of 40
+    assert max(rejected) < 2.0  # rejected at once, not after waiting
+    assert max(seconds for _, seconds in results) < RESPONSE_TIMEOUT_S
+    assert statuses.count(200) >= 1
+    wait_until_ready(small_server)
+    assert predict(small_server)[0] == 200  # healthy once the burst is over
+
+
+def test_locust_spike_gets_only_fast_rejections(small_server: Server) -> None:
+    env = {
+        **os.environ,
+        "HYMT_KEY_FILE": str(small_server.workdir / "key_file.json"),
+        "HYMT_REJECT_MS": "2000",
+        "HYMT_P95_MS": str(RESPONSE_TIMEOUT_S * 1000),
+        "HYMT_MAX_NEW_TOKENS": "32",
+        "HYMT_SPIKE_USERS": "30",
+        "HYMT_BASE_USERS": "1",
+        "HYMT_STAGE_S": "6",
+    }
+    env.pop("HYMT_TOKEN", None)
+    reports = REPO / "loadtest/reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    host = f"http://127.0.0.1:{urlparse(small_server.inference_url()).port}"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            "loadtest/spike.py",
+            "--headless",
+            "--host",
+            host,
+            "--csv",
+            str(reports / "spike"),
+            "--html",
+            str(reports / "spike.html"),
+            "--only-summary",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    print(run.stderr[-3000:])
+    assert run.returncode == 0, run.stderr[-2000:]
+    stats = (reports / "spike_stats.csv").read_text()
+    assert ":rejected" in stats  # the spike did overflow the queue
+    wait_until_ready(small_server)
+    assert predict(small_server)[0] == 200
+
+
+def test_a_killed_worker_is_restarted_and_in_flight_requests_fail_cleanly(
+    small_server: Server,
+) -> None:
+    pid = int(str(wait_until_ready(small_server)[0]["pid"]))
+    results: list[tuple[float, int]] = []
+    stop_at = time.monotonic() + 20
+    lock = threading.Lock()
+
+    def client() -> None:
+        while time.monotonic() < stop_at:
+            try:
+                status, _ = predict(small_server, timeout=RESPONSE_TIMEOUT_S + 10)
+            except requests.RequestException:
+                status = -1  # a dropped connection counts as a failure, not a hang
+            with lock:
+                results.append((time.monotonic(), status))
+
+    threads = [threading.Thread(target=client) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    for thread in threads:
+        thread.join(timeout=RESPONSE_TIMEOUT_S + 30)
+    assert not any(thread.is_alive() for thread in threads), "a request hung"
+    restarted = wait_until_ready(small_server)
+    assert restarted[0]["pid"] != pid
+    # In-flight requests fail with a 5xx (TorchServe 0.12.0 answers 507 when the worker dies).
+    assert all(status == 200 or status == -1 or 500 <= status < 600 for _, status in results)
+    before = [status for at, status in results if at < killed_at]
+    assert before and set(before) == {200}
+    assert predict(small_server)[0] == 200
