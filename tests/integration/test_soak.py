@@ -1,0 +1,116 @@
+"""Soak: mixed Locust traffic for minutes, zero failures, worker memory flat after warm-up.
+
+``HYMT_SOAK_SECONDS`` sets the length (300 in CI; run hours before a release). The numbers go
+to loadtest/reports/soak.json and are printed at the end of the test run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import requests
+
+from hymt_serve.launcher import Server
+
+pytestmark = [pytest.mark.integration, pytest.mark.soak]
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "hunyuan-mt"
+MAX_GROWTH = 0.10
+
+
+def worker_pids(server: Server) -> list[int]:
+    response = requests.get(
+        f"{server.management_url()}/models/{MODEL}",
+        headers=server.headers("management"),
+        timeout=10,
+    )
+    return [int(w["pid"]) for w in response.json()[0]["workers"]]
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_soak(server: Server) -> None:
+    seconds = int(os.environ.get("HYMT_SOAK_SECONDS", "300"))
+    warm_up = min(60, seconds // 4)
+    [pid] = worker_pids(server)
+    reports = REPO / "loadtest/reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "HYMT_KEY_FILE": str(server.workdir / "key_file.json"),
+        "HYMT_MAX_NEW_TOKENS": "8",
+        "HYMT_P95_MS": "20000",
+    }
+    env.pop("HYMT_TOKEN", None)
+    host = f"http://127.0.0.1:{urlparse(server.inference_url()).port}"
+    started = time.monotonic()
+    locust = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            "loadtest/locustfile.py",
+            "--headless",
+            "-u",
+            "4",
+            "-r",
+            "4",
+            "-t",
+            f"{seconds}s",
+            "--host",
+            host,
+            "--csv",
+            str(reports / "soak"),
+            "--html",
+            str(reports / "soak.html"),
+            "--only-summary",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    samples: list[tuple[float, int]] = []
+    while locust.poll() is None:
+        samples.append((time.monotonic() - started, rss_bytes(pid)))
+        time.sleep(5)
+    stderr = locust.stderr.read() if locust.stderr else ""
+    after_warm_up = [rss for at, rss in samples if warm_up <= at <= warm_up + 20]
+    final = [rss for _, rss in samples[-3:]]
+    baseline, end = statistics.median(after_warm_up), statistics.median(final)
+    growth = end / baseline - 1
+    totals = next(
+        line
+        for line in (reports / "soak_stats.csv").read_text().splitlines()
+        if ",Aggregated," in line
+    ).split(",")
+    result = {
+        "seconds": seconds,
+        "requests": int(totals[2]),
+        "failures": int(totals[3]),
+        "worker_rss_mb_after_warm_up": round(baseline / 2**20, 1),
+        "worker_rss_mb_at_end": round(end / 2**20, 1),
+        "rss_growth": round(growth, 4),
+        "worker_pid_unchanged": worker_pids(server) == [pid],
+    }
+    (reports / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nsoak: {json.dumps(result)}")
+    assert locust.returncode == 0, stderr[-2000:]
+    assert result["failures"] == 0 and result["requests"] > 0
+    assert result["worker_pid_unchanged"]
+    assert growth <= MAX_GROWTH, result
