@@ -207,6 +207,9 @@ def start(
         values["allowed_urls"] = values["allowed_urls"].replace("{model_store}", store)
     write_properties(values, server.config_path)
     (workdir / KEY_FILE).unlink(missing_ok=True)
+    if server.log_dir.exists():  # this start's logs alone, so that failures are this start's
+        shutil.rmtree(workdir / "logs.previous", ignore_errors=True)
+        server.log_dir.rename(workdir / "logs.previous")
     command = [*torchserve_command(), "--start", "--ncs", "--ts-config", str(server.config_path)]
     if models:
         command += ["--models", *models]
@@ -261,10 +264,28 @@ def wait_ready(
                 return
         except (requests.RequestException, ValueError, KeyError):
             pass
+        failing = [name for name in names if load_failures(server, name) >= GIVE_UP_AFTER]
+        if failing:
+            raise LaunchError(
+                f"loading {failing} failed {GIVE_UP_AFTER} times\n{log_excerpt(server)}"
+            )
         time.sleep(0.5)
     raise LaunchError(
         f"models {list(names)} not READY after {timeout:.0f} s\n{log_excerpt(server)}"
     )
+
+
+GIVE_UP_AFTER = 2  # failed loads of one model: a bad setting or path does not heal
+
+
+def load_failures(server: Server, name: str) -> int:
+    """How many times TorchServe logged that loading model ``name`` failed."""
+    path = server.log_dir / "ts_log.log"
+    if not path.is_file():
+        return 0
+    marker = f"Load model failed: {name},"
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return len({line for line in lines if marker in line})  # the log writes each line twice
 
 
 def _ready(statuses: list[str]) -> bool:
@@ -279,7 +300,7 @@ def log_excerpt(server: Server, lines: int = 40) -> str:
         if not path.is_file():
             continue
         text = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        wanted = [line for line in text if re.search(r"ERROR|Error|Exception|WARN|raise", line)]
+        wanted = [line for line in text if re.search(r"ERROR|Error:|Exception|raise", line)]
         parts.append(f"--- {path} ---\n" + "\n".join((wanted or text)[-lines:]))
     return "\n".join(parts) or f"(no logs in {server.log_dir})"
 
