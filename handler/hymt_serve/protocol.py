@@ -43,10 +43,12 @@ class TranslationRequest:
 
 
 def decode_body(body: Any) -> dict[str, Any]:
-    """The JSON object from a TorchServe request body (dict, str or bytes).
+    """The JSON object from a TorchServe request body.
 
-    None means TorchServe found no body: a form-encoded post (curl -d without a JSON content
-    type) arrives as form fields, not as a body.
+    TorchServe hands over a JSON body already decoded (a dict for an object), raw bytes for
+    content types it does not decode (parsed here as UTF-8 JSON), a str for ``text/*`` bodies
+    and for a top-level JSON string (both refused), and None when there is no body: a
+    form-encoded post (curl -d without a JSON content type) arrives as form fields.
     """
     if body is None:
         raise InvalidRequest(
@@ -54,29 +56,37 @@ def decode_body(body: Any) -> dict[str, Any]:
             "'Content-Type: application/json'",
             allowed={"fields": list(FIELDS)},
         )
-    if isinstance(body, (bytes, bytearray)):
-        try:
-            body = bytes(body).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidRequest(
-                f"request body is not valid UTF-8 (byte {exc.start})", allowed="a UTF-8 JSON object"
-            ) from exc
     if isinstance(body, str):
-        if not body.strip():
-            raise InvalidRequest("request body is empty", allowed="a JSON object")
-        try:
-            body = json.loads(body)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(
-                f"request body is not valid JSON: {exc.msg} at char {exc.pos}",
-                allowed="a JSON object",
-            ) from exc
+        raise InvalidRequest(
+            "the body is text, not a JSON object; send a JSON object with the "
+            "header 'Content-Type: application/json'",
+            allowed={"fields": list(FIELDS)},
+        )
+    if isinstance(body, (bytes, bytearray)):
+        body = _json_from_bytes(bytes(body))
     if not isinstance(body, dict):
         raise InvalidRequest(
             f"request body must be a JSON object, got {type(body).__name__}",
             allowed={"fields": list(FIELDS)},
         )
     return body
+
+
+def _json_from_bytes(raw: bytes) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(
+            f"request body is not valid UTF-8 (byte {exc.start})", allowed="a UTF-8 JSON object"
+        ) from exc
+    if not text.strip():
+        raise InvalidRequest("request body is empty", allowed="a JSON object")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"request body is not valid JSON: {exc.msg} at char {exc.pos}", allowed="a JSON object"
+        ) from exc
 
 
 def parse_request(body: Any, settings: Settings) -> TranslationRequest:
@@ -144,6 +154,12 @@ def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
                 allowed="string",
                 field="text",
             )
+        if not _is_unicode(item):
+            raise InvalidRequest(
+                f"{where} contains a lone surrogate (not valid Unicode)",
+                allowed="text that encodes as UTF-8",
+                field="text",
+            )
         if not item.strip():
             raise InvalidRequest(
                 f"{where} is empty or whitespace only",
@@ -157,6 +173,15 @@ def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
                 field="text",
             )
     return tuple(items), single
+
+
+def _is_unicode(text: str) -> bool:
+    """False for strings holding lone surrogates (JSON escapes such as \\ud800)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _language(value: Any, name: str, *, required: bool) -> Language | None:

@@ -78,6 +78,12 @@ class TranslationService:
             return self._tokenise(request)
         except ServiceError as error:
             return error
+        except Exception as exc:  # the boundary: one request's failure stays in its slot
+            logger.exception("preparing a request failed")
+            return GenerationFailed(
+                f"the request could not be prepared: {type(exc).__name__}",
+                allowed="a JSON object as documented",
+            )
 
     def _tokenise(self, request: TranslationRequest) -> Prepared:
         rows, templates = [], []

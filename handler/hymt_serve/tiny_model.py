@@ -143,6 +143,22 @@ def random_7b_model(device: str = "cuda", seed: int = 0) -> Any:
         return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
 
 
+def _mute_unprintable_tokens(model: Any, tokenizer: Any, keep: set[int]) -> None:
+    """Zero the (tied) embedding rows of special tokens and of tokens that decode to no whole
+    character, so that the random model's demo output is visible text, not nothing or U+FFFD."""
+    import torch
+
+    special = set(tokenizer.all_special_ids) | {
+        i
+        for i, token in enumerate(tokenizer.convert_ids_to_tokens(range(len(tokenizer))))
+        if token.startswith("<|") and token.endswith("|>")
+    }
+    broken = {i for i in range(len(tokenizer)) if "\ufffd" in tokenizer.decode([i])}
+    rows = sorted((special | broken) - keep)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[rows] = 0.0
+
+
 def build_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0) -> Path:
     """Write a tiny random-weight model folder (config, safetensors, tokenizer) to ``out_dir``."""
     import torch
@@ -153,8 +169,8 @@ def build_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None, seed: int
         if tokenizer_dir
         else build_fallback_tokenizer()
     )
-    ids = {
-        name: tokenizer.convert_tokens_to_ids(name)
+    ids: dict[str, int] = {
+        name: int(tokenizer.convert_tokens_to_ids(name))  # type: ignore[arg-type]  # one token
         for name in ("<|startoftext|>", "<|eos|>", "<|pad|>")
     }
     config = AutoConfig.for_model(
@@ -167,6 +183,7 @@ def build_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None, seed: int
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
+    _mute_unprintable_tokens(model, tokenizer, keep={ids["<|eos|>"]})
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

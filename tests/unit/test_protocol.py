@@ -54,11 +54,12 @@ def test_list_of_texts_and_optional_source() -> None:
     assert request.source is None and request.target.code == "zh-Hant"
 
 
-def test_bytes_and_str_bodies_are_json_decoded() -> None:
+def test_bytes_bodies_are_json_decoded_and_text_bodies_refused() -> None:
     raw = json.dumps({"text": "x", "target_lang": "fr"})
     assert parse(raw.encode()).target.code == "fr"
     assert parse(bytearray(raw.encode())).target.code == "fr"
-    assert parse(raw).target.code == "fr"
+    with pytest.raises(InvalidRequest, match="the body is text"):
+        parse(raw)
 
 
 def test_sampling_uses_model_card_defaults_and_overrides() -> None:
@@ -79,7 +80,8 @@ def test_lower_max_new_tokens() -> None:
         (None, InvalidRequest, "no JSON body found"),
         (b"", InvalidRequest, "request body is empty"),
         (b"\xff\xfe", InvalidRequest, "not valid UTF-8"),
-        ("{not json", InvalidRequest, "not valid JSON"),
+        (b"{not json", InvalidRequest, "not valid JSON"),
+        ("hello", InvalidRequest, "the body is text"),
         ([1, 2], InvalidRequest, "must be a JSON object, got list"),
         ({}, InvalidRequest, "'text' must be a non-empty string"),
         ({"text": "", "target_lang": "en"}, InvalidRequest, "text is empty or whitespace only"),
