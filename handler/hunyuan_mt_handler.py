@@ -10,11 +10,14 @@ import json
 import logging
 from typing import Any
 
+from ts.handler_utils.utils import send_intermediate_predict_response
+
 from hymt_serve.errors import HTTP_PHRASES
 from hymt_serve.service import Outcome, Reply, TranslationService
 from hymt_serve.settings import Settings
 
 logger = logging.getLogger(__name__)
+JSON, NDJSON = "application/json", "application/x-ndjson"
 
 
 class HunyuanMTHandler:
@@ -68,17 +71,35 @@ class HunyuanMTHandler:
     def inference(self, outcomes: list[Outcome]) -> list[Reply]:
         """Generate for every valid request of the batch at once and render the replies."""
         service = self._service()
-        generated = service.generate(outcomes)
+        generated = service.generate(outcomes, sink=self._send_delta)
         return service.render(outcomes, generated, self._request_ids(len(outcomes)))
 
     def postprocess(self, replies: list[Reply]) -> list[str]:
-        """Set each request's status and content type; JSON strings in request order."""
+        """Set each request's status and content type; JSON strings in request order.
+
+        A streaming request's final chunk is one more JSON line (newline-delimited JSON).
+        """
         for index, reply in enumerate(replies):
             self.context.set_response_status(
                 reply.status, HTTP_PHRASES.get(reply.status, ""), index
             )
-            self.context.set_response_content_type(index, "application/json")
-        return [json.dumps(reply.body, ensure_ascii=False) for reply in replies]
+            self.context.set_response_content_type(index, NDJSON if reply.stream else JSON)
+        return [
+            json.dumps(r.body, ensure_ascii=False) + ("\n" if r.stream else "") for r in replies
+        ]
+
+    def _send_delta(self, index: int, delta: str) -> None:
+        """Send one streamed text delta to request ``index`` only (HTTP chunked)."""
+        request_id = self._request_ids(index + 1)[index] or ""
+        self.context.set_response_content_type(index, NDJSON)
+        line = json.dumps({"delta": delta, "request_id": request_id}, ensure_ascii=False)
+        send_intermediate_predict_response(
+            {index: line + "\n"},
+            {index: request_id},
+            "Intermediate Prediction success",
+            200,
+            self.context,
+        )
 
     def describe(self) -> dict[str, Any]:
         """The engine's and the settings' facts, for ``GET /models/<name>?customized=true``."""

@@ -12,12 +12,13 @@ import importlib.util
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.generation.streamers import BaseStreamer
 
 from .errors import ConfigurationError, OutOfMemory
 from .generation import FinishReason, GenerationResult, GenerationRow, SamplingParams
@@ -149,6 +150,23 @@ class HFEngine:
             torch.cuda.empty_cache()
             raise _oom(len(rows)) from exc
 
+    def stream(self, row: GenerationRow, emit: Callable[[list[int]], None]) -> GenerationResult:
+        """Generate one row, calling ``emit`` with each step's new token ids.
+
+        Streams go through transformers' ``generate`` (one row at a time), whichever engine
+        serves batches. Raises OutOfMemory like :meth:`generate`.
+        """
+        try:
+            self._inject_fault([row])
+            return self._generate_group([row], row.sampling, _TokenStreamer(emit))[0]
+        except torch.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            raise _oom(1) from exc
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` without special tokens."""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
     def _inject_fault(self, rows: Sequence[GenerationRow]) -> None:
         """Test-only: a row with ``test_oom_max_new_tokens`` makes its batch run out of memory."""
         marker = self.settings.test_oom_max_new_tokens
@@ -167,13 +185,19 @@ class HFEngine:
         return [r for r in results if r is not None]
 
     def _generate_group(
-        self, rows: Sequence[GenerationRow], sampling: SamplingParams | None
+        self,
+        rows: Sequence[GenerationRow],
+        sampling: SamplingParams | None,
+        streamer: BaseStreamer | None = None,
     ) -> list[GenerationResult]:
         input_ids, attention_mask = self._left_pad([row.prompt_ids for row in rows])
         config = self._generation_config(max(row.max_new_tokens for row in rows), sampling)
         with torch.inference_mode():
             output = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=config
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                streamer=streamer,
             )
         new_tokens = output[:, input_ids.shape[1] :].tolist()
         return [
@@ -236,6 +260,23 @@ class HFEngine:
             "load_seconds": round(self.load_seconds, 2),
             **self.plan.describe(),
         }
+
+
+class _TokenStreamer(BaseStreamer):
+    """transformers' streamer hook: the first call carries the prompt, then one step each."""
+
+    def __init__(self, emit: Callable[[list[int]], None]) -> None:
+        self._emit = emit
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self._emit(value.reshape(-1).tolist())
+
+    def end(self) -> None:
+        pass
 
 
 def _oom(rows: int) -> OutOfMemory:

@@ -7,6 +7,7 @@ Pure functions (no torch), testable in milliseconds. Request body (JSON object):
      "source_lang": "zh",                    optional (alias "src_lang")
      "max_new_tokens": 128,                  optional, 1..the server's cap
      "sampling": true,                       optional, default false (greedy)
+     "stream": true,                         optional, default false; one text only
      "temperature": 0.7, "top_p": 0.6,       optional with sampling, default the model card's
      "top_k": 20, "repetition_penalty": 1.05}
 """
@@ -27,7 +28,15 @@ from .settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
 
 ALIASES = {"src_lang": "source_lang", "tgt_lang": "target_lang"}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
-FIELDS = ("text", "source_lang", "target_lang", "max_new_tokens", "sampling", *SAMPLING_FIELDS)
+FIELDS = (
+    "text",
+    "source_lang",
+    "target_lang",
+    "max_new_tokens",
+    "sampling",
+    "stream",
+    *SAMPLING_FIELDS,
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class TranslationRequest:
     target: Language
     max_new_tokens: int
     sampling: SamplingParams | None
+    stream: bool = False
 
 
 def decode_body(body: Any) -> dict[str, Any]:
@@ -112,6 +122,7 @@ def parse_request(body: Any, settings: Settings) -> TranslationRequest:
         target=target,
         max_new_tokens=_max_new_tokens(fields.get("max_new_tokens"), settings.max_new_tokens),
         sampling=_sampling(fields, settings.sampling),
+        stream=_stream(fields.get("stream", False), single),
     )
 
 
@@ -173,6 +184,20 @@ def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
                 field="text",
             )
     return tuple(items), single
+
+
+def _stream(value: Any, single: bool) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequest(
+            f"stream must be true or false, got {value!r}", allowed=[True, False], field="stream"
+        )
+    if value and not single:
+        raise InvalidRequest(
+            "stream needs a single text, got a list",
+            allowed='"text": "..." with "stream": true',
+            field="stream",
+        )
+    return value
 
 
 def _is_unicode(text: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,6 +21,7 @@ from .metrics import NullRecorder, Recorder
 from .prompts import Template, build_prompt
 from .protocol import TranslationRequest, parse_request, render_response
 from .settings import Settings
+from .streaming import IncrementalDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +37,21 @@ class Engine(Protocol):
         """One result per row, in order. Raises ServiceError (e.g. OutOfMemory) or anything."""
         ...
 
+    def stream(self, row: GenerationRow, emit: Callable[[list[int]], None]) -> GenerationResult:
+        """Generate one row, calling ``emit`` with new token ids as they come."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` without special tokens."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """JSON-ready facts about the loaded model and the choices made at load."""
         ...
+
+
+StreamSink = Callable[[int, str], None]  # (request index in the batch, text delta)
+Generated = list[GenerationResult] | ServiceError
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,7 @@ class Prepared:
 class Reply:
     status: int
     body: dict[str, Any]
+    stream: bool = False
 
 
 Outcome = Prepared | ServiceError
@@ -101,34 +115,83 @@ class TranslationService:
             templates.append(template)
         return Prepared(request, tuple(rows), tuple(templates))
 
-    def generate(self, outcomes: Sequence[Outcome]) -> list[list[GenerationResult] | ServiceError]:
-        """Run every valid request's rows through the engine as one batch."""
+    def generate(
+        self, outcomes: Sequence[Outcome], sink: StreamSink | None = None
+    ) -> list[Generated]:
+        """Every valid request's rows through the engine as one batch, except streaming
+        requests (when a ``sink`` is given), which run one at a time and send text deltas."""
+        streaming = {
+            i
+            for i, o in enumerate(outcomes)
+            if sink is not None and isinstance(o, Prepared) and o.request.stream
+        }
+        results = self._generate_batch(
+            [None if i in streaming else o for i, o in enumerate(outcomes)]
+        )
+        for index in sorted(streaming):
+            prepared = outcomes[index]
+            assert isinstance(prepared, Prepared) and sink is not None
+            results[index] = self._stream_one(index, prepared, sink)
+        return [r if r is not None else GenerationFailed("no result") for r in results]
+
+    def _generate_batch(self, outcomes: Sequence[Outcome | None]) -> list[Generated | None]:
         groups = [o.rows if isinstance(o, Prepared) else None for o in outcomes]
         rows, owners = merge(groups)
         if not rows:
-            return [o for o in outcomes if isinstance(o, ServiceError)]
+            return list(outcomes)  # type: ignore[arg-type]  # errors and None only
         self.recorder.batch(requests=sum(g is not None for g in groups), rows=len(rows))
+        generated = self._guarded(lambda: self._run_engine(rows, self._chunked(rows)))
+        if isinstance(generated, ServiceError):
+            return [generated if isinstance(o, Prepared) else o for o in outcomes]
+        per_request = split(generated, owners, len(outcomes))
+        return [per_request[i] if isinstance(o, Prepared) else o for i, o in enumerate(outcomes)]
+
+    def _stream_one(self, index: int, prepared: Prepared, sink: StreamSink) -> Generated:
+        row = prepared.rows[0]
+        decoder = IncrementalDecoder(self.engine.decode)
+
+        def emit(token_ids: list[int]) -> None:
+            delta = decoder.push(token_ids)
+            if delta:
+                sink(index, delta)
+
+        self.recorder.batch(requests=1, rows=1)
+        outcome = self._guarded(
+            lambda: self._run_engine([row], lambda: [self.engine.stream(row, emit)])
+        )
+        if isinstance(outcome, ServiceError):
+            return outcome
+        tail = decoder.finish(outcome[0].text)
+        if tail:
+            sink(index, tail)
+        return outcome
+
+    def _guarded(self, run: Callable[[], list[GenerationResult]]) -> Generated:
+        """The boundary: an engine failure becomes the ServiceError of the requests it served."""
         try:
-            results = self._run_engine(rows)
+            return run()
         except ServiceError as error:
-            failure: ServiceError = error
-        except Exception as exc:  # the boundary: any engine failure fails this batch only
-            logger.exception("generation failed for a batch of %d rows", len(rows))
-            failure = GenerationFailed(
+            return error
+        except Exception as exc:
+            logger.exception("generation failed")
+            return GenerationFailed(
                 f"generation failed: {type(exc).__name__}", allowed="retry the request"
             )
-        else:
-            per_request = split(results, owners, len(outcomes))
-            return [
-                o if isinstance(o, ServiceError) else per_request[i] for i, o in enumerate(outcomes)
-            ]
-        return [o if isinstance(o, ServiceError) else failure for o in outcomes]
 
-    def _run_engine(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
+    def _chunked(self, rows: Sequence[GenerationRow]) -> Callable[[], list[GenerationResult]]:
+        def run() -> list[GenerationResult]:
+            results: list[GenerationResult] = []
+            for chunk in chunks(rows, self.settings.max_batch_rows):
+                results.extend(self.engine.generate(chunk))
+            return results
+
+        return run
+
+    def _run_engine(
+        self, rows: Sequence[GenerationRow], run: Callable[[], list[GenerationResult]]
+    ) -> list[GenerationResult]:
         started = time.perf_counter()
-        results: list[GenerationResult] = []
-        for chunk in chunks(rows, self.settings.max_batch_rows):
-            results.extend(self.engine.generate(chunk))
+        results = run()
         seconds = time.perf_counter() - started
         n_in = sum(len(row.prompt_ids) for row in rows)
         n_out = sum(result.output_tokens for result in results)
@@ -145,7 +208,7 @@ class TranslationService:
     def render(
         self,
         outcomes: Sequence[Outcome],
-        generated: Sequence[list[GenerationResult] | ServiceError],
+        generated: Sequence[Generated],
         request_ids: Sequence[str | None],
     ) -> list[Reply]:
         """One reply per request: 200 with the translations, or the error's status and body."""
@@ -156,12 +219,13 @@ class TranslationService:
                 logger.info(
                     "request %s failed: %d %s", request_id, result.status, result.error_type
                 )
-                replies.append(Reply(result.status, result.body(request_id)))
+                stream = isinstance(outcome, Prepared) and outcome.request.stream
+                replies.append(Reply(result.status, result.body(request_id), stream))
                 continue
             assert isinstance(outcome, Prepared)
             input_tokens = [len(row.prompt_ids) for row in outcome.rows]
             body = render_response(
                 outcome.request, result, input_tokens, outcome.templates, request_id
             )
-            replies.append(Reply(200, body))
+            replies.append(Reply(200, body, outcome.request.stream))
         return replies

@@ -229,3 +229,12 @@ def test_parser_only_raises_service_errors_on_arbitrary_bytes(raw: bytes) -> Non
 @given(st.text(min_size=1, max_size=50).filter(str.strip), st.sampled_from(["en", "zh", "ja"]))
 def test_any_visible_text_within_limits_is_accepted(text: str, target: str) -> None:
     assert parse({"text": text, "target_lang": target}).texts == (text,)
+
+
+def test_stream_is_a_boolean_for_one_text() -> None:
+    assert parse({"text": "x", "target_lang": "fr", "stream": True}).stream
+    assert not parse({"text": "x", "target_lang": "fr"}).stream
+    with pytest.raises(InvalidRequest, match="stream needs a single text"):
+        parse({"text": ["a", "b"], "target_lang": "fr", "stream": True})
+    with pytest.raises(InvalidRequest, match="stream must be true or false"):
+        parse({"text": "x", "target_lang": "fr", "stream": "yes"})
