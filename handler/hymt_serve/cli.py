@@ -152,6 +152,16 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     return 0 if response.ok else 1
 
 
+def _cmd_web(args: argparse.Namespace) -> int:
+    from waitress import serve
+
+    from .web.app import create_app
+
+    print(f"translation page on http://{args.host}:{args.port}/ (TorchServe key stays here)")
+    serve(create_app(_server(args.workdir), args.model), host=args.host, port=args.port, threads=8)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hymt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -208,11 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("health", _cmd_health, "exit 0 when every worker is READY"),
         ("token", _cmd_token, "print a token key"),
         ("translate", _cmd_translate, "translate one text"),
+        ("web", _cmd_web, "serve the translation web page"),
     ):
         command = sub.add_parser(name, help=text)
         command.add_argument("--workdir", type=Path, default=Path("run"))
         command.set_defaults(func=func)
-        if name in ("health", "translate"):
+        if name in ("health", "translate", "web"):
             command.add_argument("--model", default=DEFAULT_MODEL)
     sub.choices["token"].add_argument(
         "--api", choices=("inference", "management"), default="inference"
@@ -220,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["token"].add_argument(
         "--renew", action="store_true", help="issue a new key first (the old one stops working)"
     )
+    web = sub.choices["web"]
+    web.add_argument("--host", default="127.0.0.1")
+    web.add_argument("--port", type=int, default=8000)
     translate = sub.choices["translate"]
     translate.add_argument("text")
     translate.add_argument("--to", required=True, help="target language code")

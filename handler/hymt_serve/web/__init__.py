@@ -1,0 +1,1 @@
+"""A small translation web page in front of TorchServe (``hymt web``)."""
