@@ -4,7 +4,7 @@
 # The tiny model's output is meaningless text: it proves the stack, not translation quality.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/setup.sh
+. scripts/setup.sh web
 hymt tiny-model --out build/tiny-model
 hymt archive --model-path build/tiny-model --profile cpu
 hymt stop --workdir run >/dev/null
@@ -22,10 +22,14 @@ echo "== a bad request: unknown language =="
 curl -sS -X POST http://127.0.0.1:8080/predictions/hunyuan-mt \
   -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \
   -d '{"text": "Hello", "target_lang": "xx"}' -w '\nHTTP %{http_code}\n'
+# The web page: a small front end that holds the TorchServe key and streams translations.
+pkill -f "hymt web --workdir run" 2>/dev/null || true
+nohup hymt web --workdir run --port 8000 > run/web.log 2>&1 &
 cat <<'TXT'
 
 TorchServe is running (inference :8080, management :8081, metrics :8082, all on 127.0.0.1).
+  web page: http://127.0.0.1:8000/   (log: run/web.log)
   token:   . .venv/bin/activate && hymt token            (management: hymt token --api management)
   logs:    run/logs/
-  stop:    . .venv/bin/activate && hymt stop
+  stop:    . .venv/bin/activate && hymt stop && pkill -f "hymt web"
 TXT
