@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
@@ -25,6 +28,35 @@ def free_ports(count: int) -> list[int]:
     for s in sockets:
         s.close()
     return ports
+
+
+def locust_run(
+    server: Server, locustfile: str, report: str, *args: str, **env: str
+) -> tuple[list[str], dict[str, str]]:
+    """Command and environment for a headless Locust run against ``server``; the CSV/HTML
+    reports go to loadtest/reports/<report>*."""
+    reports = REPO / "loadtest/reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    environ = {**os.environ, "HYMT_KEY_FILE": str(server.workdir / "key_file.json"), **env}
+    environ.pop("HYMT_TOKEN", None)
+    host = f"http://127.0.0.1:{urlparse(server.inference_url()).port}"
+    command = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        locustfile,
+        "--headless",
+        "--host",
+        host,
+        "--csv",
+        str(reports / report),
+        "--html",
+        str(reports / f"{report}.html"),
+        "--only-summary",
+        *args,
+    ]
+    return command, environ
 
 
 @contextlib.contextmanager

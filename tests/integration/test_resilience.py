@@ -11,16 +11,14 @@ import concurrent.futures
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 import requests
-from conftest import MODEL, REPO, running_server
+from conftest import MODEL, REPO, locust_run, running_server
 
 from hymt_serve.launcher import Server
 
@@ -119,45 +117,21 @@ def test_a_burst_beyond_the_queue_gets_fast_503s_and_nothing_hangs(small_server:
 
 
 def test_locust_spike_gets_only_fast_rejections(small_server: Server) -> None:
-    env = {
-        **os.environ,
-        "HYMT_KEY_FILE": str(small_server.workdir / "key_file.json"),
-        "HYMT_REJECT_MS": "2000",
-        "HYMT_P95_MS": str(RESPONSE_TIMEOUT_S * 1000),
-        "HYMT_MAX_NEW_TOKENS": "32",
-        "HYMT_SPIKE_USERS": "30",
-        "HYMT_BASE_USERS": "1",
-        "HYMT_STAGE_S": "6",
-    }
-    env.pop("HYMT_TOKEN", None)
-    reports = REPO / "loadtest/reports"
-    reports.mkdir(parents=True, exist_ok=True)
-    host = f"http://127.0.0.1:{urlparse(small_server.inference_url()).port}"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "locust",
-            "-f",
-            "loadtest/spike.py",
-            "--headless",
-            "--host",
-            host,
-            "--csv",
-            str(reports / "spike"),
-            "--html",
-            str(reports / "spike.html"),
-            "--only-summary",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    command, env = locust_run(
+        small_server,
+        "loadtest/spike.py",
+        "spike",
+        HYMT_REJECT_MS="2000",
+        HYMT_P95_MS=str(RESPONSE_TIMEOUT_S * 1000),
+        HYMT_MAX_NEW_TOKENS="32",
+        HYMT_SPIKE_USERS="30",
+        HYMT_BASE_USERS="1",
+        HYMT_STAGE_S="6",
     )
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     print(run.stderr[-3000:])
     assert run.returncode == 0, run.stderr[-2000:]
-    stats = (reports / "spike_stats.csv").read_text()
+    stats = (REPO / "loadtest/reports/spike_stats.csv").read_text()
     assert ":rejected" in stats  # the spike did overflow the queue
     wait_until_ready(small_server)
     assert predict(small_server)[0] == 200

@@ -10,13 +10,12 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 import requests
+from conftest import locust_run
 
 from hymt_serve.launcher import Server
 
@@ -47,43 +46,22 @@ def test_soak(server: Server) -> None:
     warm_up = min(60, seconds // 4)
     [pid] = worker_pids(server)
     reports = REPO / "loadtest/reports"
-    reports.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "HYMT_KEY_FILE": str(server.workdir / "key_file.json"),
-        "HYMT_MAX_NEW_TOKENS": "8",
-        "HYMT_P95_MS": "20000",
-    }
-    env.pop("HYMT_TOKEN", None)
-    host = f"http://127.0.0.1:{urlparse(server.inference_url()).port}"
+    command, env = locust_run(
+        server,
+        "loadtest/locustfile.py",
+        "soak",
+        "-u",
+        "4",
+        "-r",
+        "4",
+        "-t",
+        f"{seconds}s",
+        HYMT_MAX_NEW_TOKENS="8",
+        HYMT_P95_MS="20000",
+    )
     started = time.monotonic()
     locust = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "locust",
-            "-f",
-            "loadtest/locustfile.py",
-            "--headless",
-            "-u",
-            "4",
-            "-r",
-            "4",
-            "-t",
-            f"{seconds}s",
-            "--host",
-            host,
-            "--csv",
-            str(reports / "soak"),
-            "--html",
-            str(reports / "soak.html"),
-            "--only-summary",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     samples: list[tuple[float, int]] = []
     while locust.poll() is None:
