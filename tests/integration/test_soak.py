@@ -43,7 +43,7 @@ def rss_bytes(pid: int) -> int:
 
 def test_soak(server: Server) -> None:
     seconds = int(os.environ.get("HYMT_SOAK_SECONDS", "300"))
-    warm_up = min(60, seconds // 4)
+    warm_up = min(120, seconds * 2 // 5)  # allocator pools settle over the first minutes
     [pid] = worker_pids(server)
     reports = REPO / "loadtest/reports"
     command, env = locust_run(
