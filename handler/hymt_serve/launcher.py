@@ -295,7 +295,7 @@ def _ready(statuses: list[str]) -> bool:
 def log_excerpt(server: Server, lines: int = 40) -> str:
     """The last error-looking lines of the model and server logs."""
     parts = []
-    for name in ("model_log.log", "ts_log.log"):
+    for name in ("start.log", "model_log.log", "ts_log.log"):
         path = server.log_dir / name
         if not path.is_file():
             continue
