@@ -138,7 +138,7 @@ class TranslationService:
         groups = [o.rows if isinstance(o, Prepared) else None for o in outcomes]
         rows, owners = merge(groups)
         if not rows:
-            return list(outcomes)  # type: ignore[arg-type]  # errors and None only
+            return [o if isinstance(o, ServiceError) else None for o in outcomes]
         self.recorder.batch(requests=sum(g is not None for g in groups), rows=len(rows))
         generated = self._guarded(lambda: self._run_engine(rows, self._chunked(rows)))
         if isinstance(generated, ServiceError):
