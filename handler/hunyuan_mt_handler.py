@@ -90,7 +90,7 @@ class HunyuanMTHandler:
 
     def _send_delta(self, index: int, delta: str) -> None:
         """Send one streamed text delta to request ``index`` only (HTTP chunked)."""
-        request_id = self._request_ids(index + 1)[index] or ""
+        request_id = (getattr(self.context, "request_ids", None) or {}).get(index, "")
         self.context.set_response_content_type(index, NDJSON)
         line = json.dumps({"delta": delta, "request_id": request_id}, ensure_ascii=False)
         send_intermediate_predict_response(

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -233,16 +234,20 @@ def start(
     return server, None
 
 
-def model_status(server: Server, name: str) -> list[str]:
-    """Worker statuses of model ``name`` from the describe API ([] if not registered yet)."""
+def model_workers(server: Server, name: str) -> list[dict[str, Any]]:
+    """Workers of model ``name`` from the describe API (status, pid, ...; [] if unknown yet)."""
     response = requests.get(
         f"{server.management_url()}/models/{name}", headers=server.headers("management"), timeout=10
     )
     if response.status_code != 200:
         return []
     described = response.json()
-    workers = described[0].get("workers", []) if described else []
-    return [str(worker.get("status")) for worker in workers]
+    return list(described[0].get("workers", [])) if described else []
+
+
+def model_status(server: Server, name: str) -> list[str]:
+    """Worker statuses of model ``name`` ([] if not registered yet)."""
+    return [str(worker.get("status")) for worker in model_workers(server, name)]
 
 
 def wait_ready(

@@ -12,12 +12,21 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
+import requests
 
 from hymt_serve.archive import build_archive
 from hymt_serve.launcher import Server, start, stop, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "hunyuan-mt"
+
+
+WRONG = {"Authorization": "Bearer not-the-key"}
+
+
+def refused(response: requests.Response) -> bool:
+    """TorchServe 0.12.0 refuses a missing or wrong token with 400 InvalidKeyException (not 401)."""
+    return response.status_code == 400 and response.json()["type"] == "InvalidKeyException"
 
 
 def free_ports(count: int) -> list[int]:

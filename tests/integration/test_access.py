@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import pytest
 import requests
+from conftest import refused
 
 from hymt_serve.launcher import Server, read_properties
 
 pytestmark = pytest.mark.integration
 MODEL = "hunyuan-mt"
-
-
-def refused(response: requests.Response) -> bool:
-    """TorchServe 0.12.0 refuses a missing or wrong token with 400 InvalidKeyException."""
-    return response.status_code == 400 and response.json()["type"] == "InvalidKeyException"
 
 
 @pytest.mark.parametrize("api", ["inference", "management"])

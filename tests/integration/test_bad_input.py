@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from hymt_serve.languages import SUPPORTED_CODES, Language, lookup
-from hymt_serve.launcher import Server, model_status
+from hymt_serve.launcher import Server, model_status, model_workers
 
 pytestmark = pytest.mark.integration
 MODEL = "hunyuan-mt"
@@ -356,13 +356,7 @@ def test_token_cases_straddle_the_limit(tiny_model_dir: Path) -> None:
 
 
 def worker_pids(server: Server) -> list[int]:
-    response = requests.get(
-        f"{server.management_url()}/models/{MODEL}",
-        headers=server.headers("management"),
-        timeout=30,
-    )
-    assert response.status_code == 200, response.text
-    return sorted(int(worker["pid"]) for worker in response.json()[0]["workers"])
+    return sorted(int(worker["pid"]) for worker in model_workers(server, MODEL))
 
 
 VALID_BODIES: list[Any] = [

@@ -20,7 +20,7 @@ import pytest
 import requests
 from conftest import MODEL, REPO, locust_run, running_server
 
-from hymt_serve.launcher import Server
+from hymt_serve.launcher import Server, model_workers
 
 pytestmark = pytest.mark.integration
 OOM_MARKER = 13
@@ -66,13 +66,7 @@ def predict(server: Server, max_new_tokens: int = 32, timeout: float = 60) -> tu
 
 
 def workers(server: Server) -> list[dict[str, object]]:
-    response = requests.get(
-        f"{server.management_url()}/models/{MODEL}",
-        headers=server.headers("management"),
-        timeout=10,
-    )
-    response.raise_for_status()
-    return list(response.json()[0]["workers"])
+    return model_workers(server, MODEL)
 
 
 def wait_until_ready(server: Server, timeout: float = 120) -> list[dict[str, object]]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import requests
+from conftest import WRONG, refused
 
 from hymt_serve.launcher import Server, model_status
 
@@ -87,14 +88,6 @@ def test_non_json_bodies_get_json_errors(server: Server) -> None:
     assert plain.status_code == 400 and plain.json()["error_type"] == "invalid_request"
     form = requests.post(url, data={"text": "hi"}, headers=server.headers("inference"), timeout=30)
     assert form.status_code == 400 and "Content-Type: application/json" in form.json()["error"]
-
-
-def refused(response: requests.Response) -> bool:
-    """TorchServe 0.12.0 refuses a missing or wrong token with 400 InvalidKeyException (not 401)."""
-    return response.status_code == 400 and response.json()["type"] == "InvalidKeyException"
-
-
-WRONG = {"Authorization": "Bearer not-the-key"}
 
 
 def test_inference_without_or_with_a_wrong_token_is_refused(server: Server) -> None:

@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
 from conftest import locust_run
 
-from hymt_serve.launcher import Server
+from hymt_serve.launcher import Server, model_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak]
 REPO = Path(__file__).resolve().parents[2]
@@ -26,12 +25,7 @@ MAX_GROWTH = 0.10
 
 
 def worker_pids(server: Server) -> list[int]:
-    response = requests.get(
-        f"{server.management_url()}/models/{MODEL}",
-        headers=server.headers("management"),
-        timeout=10,
-    )
-    return [int(w["pid"]) for w in response.json()[0]["workers"]]
+    return [int(worker["pid"]) for worker in model_workers(server, MODEL)]
 
 
 def rss_bytes(pid: int) -> int:
