@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable
+from functools import partial
 from typing import Any
 
 from ts.handler_utils.utils import send_intermediate_predict_response
 
-from hymt_serve.errors import HTTP_PHRASES
+from hymt_serve.errors import HTTP_PHRASES, ConfigurationError, GenerationFailed
 from hymt_serve.service import Outcome, Reply, TranslationService
 from hymt_serve.settings import Settings
 
@@ -27,11 +29,18 @@ class HunyuanMTHandler:
     ``body`` or ``data``) and returns one JSON string per request, in order, after setting each
     request's HTTP status with ``context.set_response_status``. It raises only if the service was
     never initialised.
+
+    With ``asyncCommunication: true`` in model-config.yaml (TorchServe's async mode, the GPU
+    profile) ``handle`` returns a coroutine instead: TorchServe awaits one per request as soon
+    as it arrives, and the engine's scheduler batches the rows of all requests in flight
+    (continuous batching on the fast engine). That coroutine never raises: in async mode an
+    exception would fail every request in flight, so failures become per-request replies.
     """
 
     def __init__(self) -> None:
         self.service: TranslationService | None = None
         self.context: Any = None
+        self.async_mode = False
         self.initialized = False
 
     def initialize(self, context: Any) -> None:
@@ -45,7 +54,10 @@ class HunyuanMTHandler:
         properties = context.system_properties
         raw = (getattr(context, "model_yaml_config", None) or {}).get("handler")
         settings = Settings.from_mapping(raw, model_dir=properties.get("model_dir", "."))
+        self.async_mode = _async_mode(context)
         engine = load_engine(settings, properties.get("gpu_id"))
+        if self.async_mode:
+            engine.start_scheduler(settings.max_waiting_rows)
         recorder = TorchServeRecorder(context.metrics, context.model_name)
         recorder.engine_info(engine.describe())
         self.service = TranslationService(engine, settings, recorder)
@@ -53,7 +65,9 @@ class HunyuanMTHandler:
         self.initialized = True
         logger.info("handler ready: %s", json.dumps(self.describe()))
 
-    def handle(self, data: list[dict[str, Any]], context: Any) -> list[str]:
+    def handle(self, data: list[dict[str, Any]], context: Any) -> list[str] | Awaitable[list[str]]:
+        if self.async_mode:
+            return self._handle_async(data, context)
         self.context = context
         if context.get_request_header(0, "describe") == "True":
             return [json.dumps(self.describe())]
@@ -61,6 +75,25 @@ class HunyuanMTHandler:
         if len(replies) != len(data):
             raise RuntimeError(f"{len(replies)} replies for a batch of {len(data)} requests")
         return replies
+
+    async def _handle_async(self, data: list[dict[str, Any]], context: Any) -> list[str]:
+        """One request (TorchServe's async mode); ``context`` belongs to this call only."""
+        service = self._service()
+        try:
+            if context.get_request_header(0, "describe") == "True":
+                return [json.dumps(self.describe())]
+            outcomes = self.preprocess(data)
+            sink = partial(_send_delta, context)
+            generated = await service.generate_async(outcomes, sink=sink)
+            replies = service.render(outcomes, generated, _request_ids(context, len(data)))
+        except Exception as exc:  # never raise here: TorchServe would fail every request
+            logger.exception("handling a request failed")
+            error = GenerationFailed(
+                f"the request failed: {type(exc).__name__}", allowed="retry the request"
+            )
+            ids = _request_ids(context, len(data))
+            replies = [Reply(error.status, error.body(i)) for i in ids]
+        return _respond(replies, context)
 
     def preprocess(self, data: list[dict[str, Any]]) -> list[Outcome]:
         """Parse and tokenise each request; a bad one becomes its own error."""
@@ -75,31 +108,11 @@ class HunyuanMTHandler:
         return service.render(outcomes, generated, self._request_ids(len(outcomes)))
 
     def postprocess(self, replies: list[Reply]) -> list[str]:
-        """Set each request's status and content type; JSON strings in request order.
-
-        A streaming request's final chunk is one more JSON line (newline-delimited JSON).
-        """
-        for index, reply in enumerate(replies):
-            self.context.set_response_status(
-                reply.status, HTTP_PHRASES.get(reply.status, ""), index
-            )
-            self.context.set_response_content_type(index, NDJSON if reply.stream else JSON)
-        return [
-            json.dumps(r.body, ensure_ascii=False) + ("\n" if r.stream else "") for r in replies
-        ]
+        """Set each request's status and content type; JSON strings in request order."""
+        return _respond(replies, self.context)
 
     def _send_delta(self, index: int, delta: str) -> None:
-        """Send one streamed text delta to request ``index`` only (HTTP chunked)."""
-        request_id = (getattr(self.context, "request_ids", None) or {}).get(index, "")
-        self.context.set_response_content_type(index, NDJSON)
-        line = json.dumps({"delta": delta, "request_id": request_id}, ensure_ascii=False)
-        send_intermediate_predict_response(
-            {index: line + "\n"},
-            {index: request_id},
-            "Intermediate Prediction success",
-            200,
-            self.context,
-        )
+        _send_delta(self.context, index, delta)
 
     def describe(self) -> dict[str, Any]:
         """The engine's and the settings' facts, for ``GET /models/<name>?customized=true``."""
@@ -107,10 +120,54 @@ class HunyuanMTHandler:
         return {"engine": service.engine.describe(), "settings": service.settings.public()}
 
     def _request_ids(self, count: int) -> list[str | None]:
-        ids = getattr(self.context, "request_ids", None) or {}
-        return [ids.get(index) for index in range(count)]
+        return _request_ids(self.context, count)
 
     def _service(self) -> TranslationService:
         if self.service is None:
             raise RuntimeError("the handler was not initialised")
         return self.service
+
+
+def _async_mode(context: Any) -> bool:
+    """Whether TorchServe runs this worker in async mode; it then needs ``batchSize: 1``."""
+    config = getattr(context, "model_yaml_config", None) or {}
+    if config.get("asyncCommunication") is not True:
+        return False
+    batch_size = int(context.system_properties.get("batch_size") or 1)
+    if batch_size != 1:
+        raise ConfigurationError(
+            f"asyncCommunication: true needs batchSize: 1, got {batch_size}: the engine batches "
+            "requests itself, and TorchServe 0.12.0 loses the worker when its async mode hands "
+            "over several requests at once"
+        )
+    return True
+
+
+def _respond(replies: list[Reply], context: Any) -> list[str]:
+    """Set each request's status and content type; JSON strings in request order.
+
+    A streaming request's final chunk is one more JSON line (newline-delimited JSON).
+    """
+    for index, reply in enumerate(replies):
+        context.set_response_status(reply.status, HTTP_PHRASES.get(reply.status, ""), index)
+        context.set_response_content_type(index, NDJSON if reply.stream else JSON)
+    return [json.dumps(r.body, ensure_ascii=False) + ("\n" if r.stream else "") for r in replies]
+
+
+def _send_delta(context: Any, index: int, delta: str) -> None:
+    """Send one streamed text delta to request ``index`` only (HTTP chunked)."""
+    request_id = (getattr(context, "request_ids", None) or {}).get(index, "")
+    context.set_response_content_type(index, NDJSON)
+    line = json.dumps({"delta": delta, "request_id": request_id}, ensure_ascii=False)
+    send_intermediate_predict_response(
+        {index: line + "\n"},
+        {index: request_id},
+        "Intermediate Prediction success",
+        200,
+        context,
+    )
+
+
+def _request_ids(context: Any, count: int) -> list[str | None]:
+    ids = getattr(context, "request_ids", None) or {}
+    return [ids.get(index) for index in range(count)]

@@ -13,6 +13,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
-from .errors import ConfigurationError, OutOfMemory
+from .errors import ConfigurationError, GenerationFailed, OutOfMemory, ServiceError
 from .generation import FinishReason, GenerationResult, GenerationRow, SamplingParams
 from .settings import Settings
 
@@ -109,6 +110,7 @@ class HFEngine:
         self.load_seconds = 0.0
         self.fast: Any = None  # a FastGenerator when the fast engine is in use
         self.fallback_reason: str | None = None
+        self.scheduler: Any = None  # a continuous.Scheduler once start_scheduler ran
 
     @classmethod
     def load(cls, settings: Settings, gpu_id: int | None = None) -> HFEngine:
@@ -163,6 +165,42 @@ class HFEngine:
             torch.cuda.empty_cache()
             raise _oom(1) from exc
 
+    def start_scheduler(self, max_waiting: int) -> None:
+        """Serve :meth:`submit` from a thread of its own (TorchServe's async mode):
+        continuous batching on the fast engine, batches of ``generate`` otherwise."""
+        from .continuous import ContinuousBatcher, GenerateBatcher
+
+        if self.fast is not None:
+            self.scheduler = ContinuousBatcher(
+                self.fast,
+                self.stop_ids,
+                self._fast_result,
+                max_waiting=max_waiting,
+                on_error=map_error,
+                before_prefill=self._inject_fault,
+            )
+        else:
+            self.scheduler = GenerateBatcher(
+                self.generate,
+                self.stream,
+                max_rows=self.settings.max_batch_rows,
+                max_waiting=max_waiting,
+                on_error=map_error,
+            )
+        self.scheduler.start()
+
+    def submit(
+        self, row: GenerationRow, emit: Callable[[list[int]], None] | None = None
+    ) -> Future[GenerationResult]:
+        """Queue one row for the scheduler; ``emit`` gets new token ids as they come.
+
+        Raises Overloaded (503) when too many rows wait already.
+        """
+        if self.scheduler is None:
+            raise RuntimeError("submit() needs start_scheduler() first")
+        future: Future[GenerationResult] = self.scheduler.submit(row, emit)
+        return future
+
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` without special tokens."""
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
@@ -207,12 +245,11 @@ class HFEngine:
 
     def _generate_fast(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
         generated = self.fast.generate(rows, self.stop_ids)
-        return [
-            GenerationResult(
-                self.tokenizer.decode(tokens, skip_special_tokens=True), tuple(tokens), finish
-            )
-            for tokens, finish in generated
-        ]
+        return [self._fast_result(tokens, finish) for tokens, finish in generated]
+
+    def _fast_result(self, tokens: list[int], finish: FinishReason) -> GenerationResult:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return GenerationResult(text, tuple(tokens), finish)
 
     def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)
@@ -250,6 +287,8 @@ class HFEngine:
             generation: dict[str, Any] = {"engine": "fast", "fast": self.fast.describe()}
         else:
             generation = {"engine": "hf", "fallback_reason": self.fallback_reason}
+        if self.scheduler is not None:
+            generation["scheduler"] = self.scheduler.describe()
         return {
             **generation,
             "model_type": config.model_type,
@@ -283,6 +322,18 @@ def _oom(rows: int) -> OutOfMemory:
     return OutOfMemory(
         f"the device ran out of memory for a batch of {rows} texts",
         allowed="fewer or shorter texts per request, or retry",
+    )
+
+
+def map_error(error: BaseException, rows: int) -> BaseException:
+    """A scheduler's failure as the ServiceError its requests get."""
+    if isinstance(error, ServiceError):
+        return error
+    if isinstance(error, torch.OutOfMemoryError):
+        torch.cuda.empty_cache()
+        return _oom(rows)
+    return GenerationFailed(
+        f"generation failed: {type(error).__name__}", allowed="retry the request"
     )
 
 

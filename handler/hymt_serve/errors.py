@@ -8,6 +8,7 @@ Exception tree::
     │   └── SameLanguage          400 same_language: source equals target
     ├── PayloadTooLarge           413 payload_too_large: too many texts, characters or tokens
     ├── GenerationFailed          500 generation_failed: the engine failed for the whole batch
+    ├── Overloaded                503 overloaded: too many rows already wait for the engine
     └── OutOfMemory               507 out_of_memory: the device ran out of memory for the batch
     ConfigurationError            -- bad settings at start-up (not an HTTP error: the worker
                                      refuses to start and the message says which key is wrong)
@@ -70,6 +71,11 @@ class GenerationFailed(ServiceError):
     error_type = "generation_failed"
 
 
+class Overloaded(ServiceError):
+    status = 503
+    error_type = "overloaded"
+
+
 class OutOfMemory(ServiceError):
     status = 507
     error_type = "out_of_memory"
@@ -80,5 +86,6 @@ HTTP_PHRASES: dict[int, str] = {
     400: "Bad Request",
     413: "Payload Too Large",
     500: "Internal Server Error",
+    503: "Service Unavailable",
     507: "Insufficient Storage",
 }

@@ -132,6 +132,14 @@ class FastGenerator:
         generator._ready_s = time.perf_counter() - start
         return generator
 
+    @property
+    def runner(self) -> DecodeRunner:
+        return self._runner
+
+    @property
+    def max_seq_len(self) -> int:
+        return self._max_seq_len
+
     def describe(self) -> dict[str, object]:
         """What runs: buckets, graphs, attention kernel, cache size, timings."""
         runner = self._runner
@@ -164,7 +172,7 @@ class FastGenerator:
         model's ``max_position_embeddings``.
         """
         for row in rows:
-            self._check_row(row)
+            self.check_row(row)
         results: list[tuple[list[int], FinishReason]] = []
         size = self._runner.max_batch_size
         with torch.inference_mode():
@@ -182,7 +190,7 @@ class FastGenerator:
         """
         with torch.inference_mode():
             runner, count = self._runner, len(prompts)
-            logits = [self._prefill(prompts)]
+            logits = [self.prefill(prompts, range(count))]
             lengths = torch.tensor([len(p) for p in prompts], device=forced.device)
             slots = torch.arange(count, device=forced.device)
             bucket = runner.load(forced[:, 0], lengths, slots)
@@ -194,7 +202,8 @@ class FastGenerator:
                     runner.advance(bucket, next_tokens)
             return torch.stack(logits, dim=1)
 
-    def _check_row(self, row: GenerationRow) -> None:
+    def check_row(self, row: GenerationRow) -> None:
+        """Raise ``ValueError`` unless ``row`` fits the cache and the model's positions."""
         total = len(row.prompt_ids) + row.max_new_tokens
         if not row.prompt_ids or row.max_new_tokens < 1:
             raise ValueError("a row needs at least one prompt token and max_new_tokens >= 1")
@@ -204,24 +213,29 @@ class FastGenerator:
                 f"< max_position_embeddings={self._max_positions}, got {total}"
             )
 
-    def _prefill(self, prompts: Sequence[Sequence[int]]) -> Tensor:
-        """Prefill in groups of at most ``PREFILL_TOKENS`` padded tokens; logits ``[B, V]``."""
+    def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
+        """Fill the cache ``slots`` with ``prompts``; logits after each prompt ``[B, V]``.
+
+        Runs in groups of at most ``PREFILL_TOKENS`` padded tokens. Call in inference mode.
+        """
         longest = max(len(p) for p in prompts)
         group = max(1, PREFILL_TOKENS // longest)
         parts = [
-            self._prefill_group(prompts[i : i + group], i) for i in range(0, len(prompts), group)
+            self._prefill_group(prompts[i : i + group], slots[i : i + group])
+            for i in range(0, len(prompts), group)
         ]
         return torch.cat(parts)
 
-    def _prefill_group(self, prompts: Sequence[Sequence[int]], first_slot: int) -> Tensor:
+    def _prefill_group(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
         longest = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), longest, dtype=torch.int64)
         for i, prompt in enumerate(prompts):
             ids[i, : len(prompt)] = torch.tensor(prompt)
         lengths = torch.tensor([len(p) for p in prompts])
-        slots = torch.arange(first_slot, first_slot + len(prompts))
         device = self._runner.tokens.device
-        return self._runner.prefill(ids.to(device), lengths.to(device), slots.to(device))
+        return self._runner.prefill(
+            ids.to(device), lengths.to(device), torch.tensor(list(slots), device=device)
+        )
 
     def _generate_chunk(self, rows: Sequence[GenerationRow], stop_ids: Collection[int]) -> Tensor:
         runner, device, count = self._runner, self._runner.tokens.device, len(rows)
@@ -229,7 +243,7 @@ class FastGenerator:
         steps = max(row.max_new_tokens for row in rows)
         out = torch.zeros(count + 1, steps, dtype=torch.int64, device=device)
         loop = _DecodeLoop(runner, sampling, rows, stop_ids, out)
-        logits = self._prefill([row.prompt_ids for row in rows])
+        logits = self.prefill([row.prompt_ids for row in rows], range(count))
         loop.start(logits)
         loop.run(steps)
         return out[:count].cpu()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hymt_serve.generation import GenerationRow
+from hymt_serve.generation import GenerationRow, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -112,3 +112,56 @@ def record_tokens(batch: RowSampling, rows: Tensor, tokens: Tensor) -> None:
     """Mark generated tokens as seen, for the repetition penalty of later steps."""
     if batch.presence is not None:
         batch.presence[rows, tokens] = True
+
+
+class SlotSampling:
+    """Sampling settings per cache slot, for continuous batching: a row that takes a slot
+    writes its settings (and its prompt into the repetition-penalty mask) there.
+
+    Slots never assigned stay greedy, so padding positions pointing at a scratch slot cost
+    nothing. ``batch`` builds the :class:`RowSampling` of the slots currently in the batch.
+    """
+
+    def __init__(self, slots: int, vocab: int, device: torch.device) -> None:
+        self.vocab = vocab
+        self.params: list[SamplingParams | None] = [None] * slots
+        self.greedy = torch.ones(slots, dtype=torch.bool, device=device)
+        self.temperature = torch.ones(slots, dtype=torch.float32, device=device)
+        self.top_k = torch.full((slots,), vocab, dtype=torch.int64, device=device)
+        self.top_p = torch.ones(slots, dtype=torch.float32, device=device)
+        self.penalty = torch.ones(slots, dtype=torch.float32, device=device)
+        self.presence = torch.zeros(slots, vocab, dtype=torch.bool, device=device)
+
+    def assign(self, slots: Sequence[int], rows: Sequence[GenerationRow]) -> None:
+        """Give each slot the settings and prompt of its row."""
+        settings = RowSampling.for_rows(rows, self.vocab, self.greedy.device)
+        index = torch.tensor(list(slots), device=self.greedy.device)
+        count = len(rows)
+        self.greedy[index] = settings.greedy[:count]
+        self.temperature[index] = settings.temperature[:count]
+        self.top_k[index] = settings.top_k[:count]
+        self.top_p[index] = settings.top_p[:count]
+        self.penalty[index] = settings.penalty[:count]
+        self.presence[index] = False
+        if settings.presence is not None:
+            self.presence[index] = settings.presence[:count]
+        for slot, row in zip(slots, rows, strict=True):
+            self.params[slot] = row.sampling
+
+    def batch(self, slots: Sequence[int], index: Tensor) -> RowSampling:
+        """Settings for a batch whose positions hold ``slots`` (``index`` is the same slots,
+        padding included, as a tensor)."""
+        sampled = [p for p in (self.params[s] for s in slots) if p is not None]
+        penalised = any(p.repetition_penalty != 1.0 for p in sampled)
+        return RowSampling(
+            greedy=self.greedy[index],
+            temperature=self.temperature[index],
+            top_k=self.top_k[index],
+            top_p=self.top_p[index],
+            penalty=self.penalty[index],
+            presence=self.presence if penalised else None,
+            candidates=max(
+                (p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in sampled), default=1
+            ),
+            all_greedy=not sampled,
+        )

@@ -8,9 +8,11 @@ and the number of replies always equals the number of requests.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,6 +45,13 @@ class Engine(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` without special tokens."""
+        ...
+
+    def submit(
+        self, row: GenerationRow, emit: Callable[[list[int]], None] | None = None
+    ) -> Future[GenerationResult]:
+        """Queue one row for the engine's own scheduler (async mode); ``emit`` gets new token
+        ids as they come, on the scheduler's thread. Raises ServiceError (e.g. Overloaded)."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -192,7 +201,12 @@ class TranslationService:
     ) -> list[GenerationResult]:
         started = time.perf_counter()
         results = run()
-        seconds = time.perf_counter() - started
+        self._record(rows, results, time.perf_counter() - started)
+        return results
+
+    def _record(
+        self, rows: Sequence[GenerationRow], results: Sequence[GenerationResult], seconds: float
+    ) -> None:
         n_in = sum(len(row.prompt_ids) for row in rows)
         n_out = sum(result.output_tokens for result in results)
         self.recorder.generation(seconds=seconds, input_tokens=n_in, output_tokens=n_out)
@@ -203,7 +217,61 @@ class TranslationService:
             n_out,
             seconds,
         )
-        return results
+
+    async def generate_async(
+        self, outcomes: Sequence[Outcome], sink: StreamSink | None = None
+    ) -> list[Generated]:
+        """Like :meth:`generate`, for TorchServe's async mode: each request's rows go to the
+        engine's scheduler, which batches them with the rows of every other request in flight;
+        a streaming request's text deltas reach ``sink`` on the event loop."""
+        loop = asyncio.get_running_loop()
+        tasks = [
+            self._request_async(loop, index, o, sink) if isinstance(o, Prepared) else _done(o)
+            for index, o in enumerate(outcomes)
+        ]
+        return list(await asyncio.gather(*tasks))
+
+    async def _request_async(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        index: int,
+        prepared: Prepared,
+        sink: StreamSink | None,
+    ) -> Generated:
+        stream = sink is not None and prepared.request.stream
+        decoder = IncrementalDecoder(self.engine.decode)
+
+        def on_loop(token_ids: list[int]) -> None:
+            delta = decoder.push(token_ids)
+            if delta and sink is not None:
+                sink(index, delta)
+
+        def emit(token_ids: list[int]) -> None:  # called on the scheduler's thread
+            loop.call_soon_threadsafe(on_loop, token_ids)
+
+        self.recorder.batch(requests=1, rows=len(prepared.rows))
+        started = time.perf_counter()
+        futures: list[asyncio.Future[GenerationResult]] = []
+        try:
+            for row in prepared.rows:
+                submitted = self.engine.submit(row, emit if stream else None)
+                futures.append(asyncio.wrap_future(submitted, loop=loop))
+            results = await asyncio.gather(*futures)
+        except ServiceError as error:
+            _cancel(futures)
+            return error
+        except Exception as exc:
+            _cancel(futures)
+            logger.exception("generation failed")
+            return GenerationFailed(
+                f"generation failed: {type(exc).__name__}", allowed="retry the request"
+            )
+        if stream and sink is not None:
+            tail = decoder.finish(results[0].text)
+            if tail:
+                sink(index, tail)
+        self._record(prepared.rows, results, time.perf_counter() - started)
+        return list(results)
 
     def render(
         self,
@@ -229,3 +297,13 @@ class TranslationService:
             )
             replies.append(Reply(200, body, outcome.request.stream))
         return replies
+
+
+async def _done(outcome: ServiceError) -> Generated:
+    return outcome
+
+
+def _cancel(futures: Sequence[asyncio.Future[GenerationResult]]) -> None:
+    """Drop the results of rows already submitted for a request that failed."""
+    for future in futures:
+        future.cancel()

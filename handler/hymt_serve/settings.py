@@ -34,6 +34,7 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "max_texts_per_request": (1, 1_024),
     "max_chars_per_text": (1, 1_000_000),
     "max_batch_rows": (1, 4_096),
+    "max_waiting_rows": (1, 1_000_000),
     "top_k": (1, 1_000),
     "test_oom_max_new_tokens": (0, 32_768),
 }
@@ -61,6 +62,9 @@ class Settings:
     max_texts_per_request: int = 16
     max_chars_per_text: int = 4000
     max_batch_rows: int = 64
+    # Async mode only: texts that may wait for the engine beyond those it is generating;
+    # more get 503 at once (TorchServe's job queue does not apply in async mode).
+    max_waiting_rows: int = 1024
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Test-only fault injection (0 = off): a batch holding a request with exactly this
     # max_new_tokens fails with a device out-of-memory error. Never set it in production.

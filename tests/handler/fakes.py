@@ -14,7 +14,15 @@ from hymt_serve.generation import GenerationResult, GenerationRow
 REPO = Path(__file__).resolve().parents[2]
 
 
-def make_context(handler_settings: dict[str, Any], model_dir: Path | str = ".") -> Context:
+def make_context(
+    handler_settings: dict[str, Any],
+    model_dir: Path | str = ".",
+    *,
+    batch_size: int = 4,
+    frontend: dict[str, Any] | None = None,
+) -> Context:
+    """The Context TorchServe builds for a worker; ``frontend`` adds model-config.yaml's
+    top-level keys (e.g. ``asyncCommunication``)."""
     metrics = MetricsCacheYamlImpl(config_file_path=str(REPO / "configs/metrics.yaml"))
     metrics.initialize_cache()
     metrics.model_name = "hunyuan-mt"
@@ -22,11 +30,11 @@ def make_context(handler_settings: dict[str, Any], model_dir: Path | str = ".") 
         "hunyuan-mt",
         str(model_dir),
         {},
-        4,
+        batch_size,
         None,
         "0.12.0",
         metrics=metrics,
-        model_yaml_config={"handler": handler_settings},
+        model_yaml_config={**(frontend or {}), "handler": handler_settings},
     )
 
 

@@ -1,0 +1,424 @@
+"""Schedulers for TorchServe's async mode: requests arrive one by one, the engine batches them.
+
+With ``asyncCommunication: true`` TorchServe hands each request to the handler as soon as it
+arrives; the handler submits its rows here and awaits their futures. One thread owns the model:
+
+- :class:`ContinuousBatcher` (the fast engine): rows join the running batch between decode steps
+  (prefill into a free KV-cache slot, first token sampled) and leave it when they finish, so a
+  short translation never waits for a long one and a free slot is refilled at once. The host
+  reads back which rows finished every ``SYNC_EVERY`` steps, or at once when a row reaches its
+  length; streaming rows get their new tokens at those read-backs.
+- :class:`GenerateBatcher` (transformers ``generate``): whatever waits is generated together,
+  up to ``max_batch_rows``; streams run one at a time.
+
+:meth:`Scheduler.submit` raises :class:`~hymt_serve.errors.Overloaded` when ``max_waiting``
+rows already wait for the engine. A failure while serving rows fails their futures only (an
+error in a decode step fails the running rows); the thread goes on serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .errors import Overloaded
+from .fast_engine import PREFILL_TOKENS, SYNC_EVERY, FastGenerator
+from .fast_sampling import SlotSampling, record_tokens, sample_next
+from .generation import FinishReason, GenerationResult, GenerationRow
+
+logger = logging.getLogger(__name__)
+
+Emit = Callable[[list[int]], None]
+# An engine's translation of a failure (e.g. torch.OutOfMemoryError -> OutOfMemory (507)).
+ErrorMap = Callable[[BaseException, int], BaseException]
+# Arrivals may gather this long before they interrupt the running batch for a prefill.
+ADMIT_WAIT_S = 0.004
+IDLE_POLL_S = 0.5
+
+
+@dataclass(eq=False)
+class Job:
+    """One row on its way through a scheduler."""
+
+    row: GenerationRow
+    future: Future[GenerationResult]
+    emit: Emit | None
+    arrived: float
+    slot: int = -1
+    steps: int = 0  # tokens generated so far (host count)
+    sent: int = 0  # tokens already passed to ``emit``
+
+
+class Scheduler:
+    """The submission side shared by both schedulers, and the serving thread's life."""
+
+    def __init__(self, *, max_waiting: int, on_error: ErrorMap, name: str) -> None:
+        self._max_waiting = max_waiting
+        self._on_error = on_error
+        self._inbox: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._waiting: deque[Job] = deque()
+        self._lock = threading.Lock()
+        self._pending = 0  # submitted, not yet taken by the engine
+        self._closed = threading.Event()
+        self.stats: dict[str, float] = {"submitted": 0, "rejected": 0, "finished": 0, "failed": 0}
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, row: GenerationRow, emit: Emit | None = None) -> Future[GenerationResult]:
+        """Queue ``row``; its future gets the result. ``emit`` (called on the serving thread)
+        gets new token ids as they are known. Raises Overloaded when too many rows wait."""
+        self._check(row)
+        with self._lock:
+            if self._pending >= self._max_waiting:
+                self.stats["rejected"] += 1
+                raise Overloaded(
+                    f"{self._pending} texts already wait for the model",
+                    allowed="retry after a short pause, or add workers",
+                )
+            self._pending += 1
+            self.stats["submitted"] += 1
+        job = Job(row, Future(), emit, time.monotonic())
+        self._inbox.put(job)
+        return job.future
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the serving thread; rows still waiting fail."""
+        self._closed.set()
+        self._thread.join(timeout)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "waiting": self._pending,
+            "max_waiting": self._max_waiting,
+            **{k: round(v, 2) for k, v in self.stats.items()},
+        }
+
+    def _check(self, row: GenerationRow) -> None:
+        """Raise ValueError for a row the engine cannot take."""
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except Exception:
+            logger.exception("the scheduler thread stopped")
+            raise
+        finally:
+            self._closed.set()
+            self._take(block=False)
+            self._fail(list(self._waiting), RuntimeError("the scheduler stopped"))
+            self._waiting.clear()
+
+    def _serve(self) -> None:
+        raise NotImplementedError
+
+    def _take(self, *, block: bool) -> None:
+        """Move submitted jobs to the waiting line (waiting a while for one when ``block``)."""
+        if block:
+            try:
+                self._waiting.append(self._inbox.get(timeout=IDLE_POLL_S))
+            except queue.Empty:
+                return
+        while True:
+            try:
+                self._waiting.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _pop_waiting(self, count: int) -> list[Job]:
+        """Up to ``count`` waiting jobs, skipping those whose requests gave up already."""
+        jobs = [self._waiting.popleft() for _ in range(min(count, len(self._waiting)))]
+        with self._lock:
+            self._pending -= len(jobs)
+        return [job for job in jobs if not job.future.cancelled()]
+
+    def _finish(self, job: Job, result: GenerationResult) -> None:
+        self.stats["finished"] += 1
+        with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
+            job.future.set_result(result)
+
+    def _fail(self, jobs: Sequence[Job], error: BaseException) -> None:
+        if not jobs:
+            return
+        mapped = self._on_error(error, len(jobs))
+        if not isinstance(error, RuntimeError) or "scheduler stopped" not in str(error):
+            logger.error("generation failed for %d rows: %r", len(jobs), error)
+        with self._lock:
+            self.stats["failed"] += len(jobs)
+        for job in jobs:
+            with contextlib.suppress(InvalidStateError):
+                job.future.set_exception(mapped)
+
+
+class ContinuousBatcher(Scheduler):
+    """Continuous batching over a :class:`FastGenerator`'s cache slots and decode graphs."""
+
+    def __init__(
+        self,
+        generator: FastGenerator,
+        stop_ids: Collection[int],
+        result: Callable[[list[int], FinishReason], GenerationResult],
+        *,
+        max_waiting: int,
+        on_error: ErrorMap,
+        before_prefill: Callable[[Sequence[GenerationRow]], None] | None = None,
+    ) -> None:
+        super().__init__(max_waiting=max_waiting, on_error=on_error, name="hymt-continuous")
+        runner = generator.runner
+        self._generator, self._runner = generator, runner
+        self._result, self._before_prefill = result, before_prefill
+        device = runner.tokens.device
+        self._device = device
+        slots = runner.max_batch_size + 1  # the last one is the runner's scratch slot
+        self._free = list(range(runner.max_batch_size - 1, -1, -1))
+        self._sampling = SlotSampling(slots, runner.shape.vocab, device)
+        self._width = generator.max_seq_len
+        self._out = torch.zeros(slots, self._width, dtype=torch.int64, device=device)
+        self._generated = torch.zeros(slots, dtype=torch.int64, device=device)
+        self._max_new = torch.ones(slots, dtype=torch.int64, device=device)
+        self._done = torch.zeros(slots, dtype=torch.bool, device=device)
+        self._stop = torch.tensor(sorted(stop_ids), dtype=torch.int64, device=device)
+        self._stop_host = set(stop_ids)
+        self._running: list[Job] = []
+        self._bucket = 0
+        self._since_sync = 0
+        self._length_due = 0  # steps until the first running row reaches its length
+        self.stats.update({"steps": 0, "row_steps": 0, "prefills": 0, "prefill_rows": 0})
+
+    def describe(self) -> dict[str, object]:
+        steps = self.stats["steps"]
+        return {
+            "scheduler": "continuous",
+            "slots": self._runner.max_batch_size,
+            "running": len(self._running),
+            "mean_running_rows": round(self.stats["row_steps"] / steps, 2) if steps else 0.0,
+            **super().describe(),
+        }
+
+    def _check(self, row: GenerationRow) -> None:
+        self._generator.check_row(row)
+
+    def _serve(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.set_device(self._device)
+        with torch.inference_mode():
+            while not self._closed.is_set():
+                self._take(block=not self._running and not self._waiting)
+                if self._waiting and self._free and self._admit_now():
+                    self._admit()
+                if self._running:
+                    try:
+                        self._step()
+                    except Exception as error:  # the running rows fail, the thread goes on
+                        self._reset(error)
+            self._reset(RuntimeError("the scheduler stopped"))
+
+    def _admit_now(self) -> bool:
+        return (
+            not self._running
+            or len(self._waiting) >= len(self._free)
+            or time.monotonic() - self._waiting[0].arrived >= ADMIT_WAIT_S
+        )
+
+    def _admit(self) -> None:
+        """Prefill waiting rows into free slots and add them to the running batch."""
+        longest, count = 0, 0
+        for job in list(self._waiting)[: len(self._free)]:
+            longest = max(longest, len(job.row.prompt_ids))
+            if count and longest * (count + 1) > PREFILL_TOKENS:
+                break
+            count += 1
+        jobs = self._pop_waiting(count)
+        if not jobs:
+            return
+        for job in jobs:
+            job.slot = self._free.pop()
+        try:
+            tokens = self._prefill(jobs)
+        except Exception:  # no other slot was written; retry alone, to fail only the culprits
+            jobs, tokens = self._prefill_one_by_one(jobs)
+            if not jobs:
+                return
+        runner, count = self._runner, len(self._running)
+        slots = torch.tensor([job.slot for job in jobs], device=self._device)
+        lengths = torch.tensor([len(job.row.prompt_ids) for job in jobs], device=self._device)
+        self._bucket = runner.load(
+            torch.cat([runner.tokens[:count], tokens]),
+            torch.cat([runner.positions[:count], lengths]),
+            torch.cat([runner.slots[:count], slots]),
+        )
+        self._running.extend(jobs)
+        self._membership_changed()
+        self.stats["prefills"] += 1
+        self.stats["prefill_rows"] += len(jobs)
+
+    def _prefill_one_by_one(self, jobs: Sequence[Job]) -> tuple[list[Job], Tensor]:
+        admitted, tokens = [], []
+        for job in jobs:
+            try:
+                tokens.append(self._prefill([job]))
+                admitted.append(job)
+            except Exception as error:
+                self._free.append(job.slot)
+                self._fail([job], error)
+        return admitted, torch.cat(tokens) if tokens else torch.empty(0)
+
+    def _prefill(self, jobs: Sequence[Job]) -> Tensor:
+        rows = [job.row for job in jobs]
+        if self._before_prefill is not None:
+            self._before_prefill(rows)
+        slot_list = [job.slot for job in jobs]
+        slots = torch.tensor(slot_list, device=self._device)
+        self._sampling.assign(slot_list, rows)
+        logits = self._generator.prefill([row.prompt_ids for row in rows], slot_list)
+        batch = self._sampling.batch(slot_list, slots)
+        tokens = sample_next(logits, batch, slots)
+        record_tokens(batch, slots, tokens)
+        max_new = torch.tensor([row.max_new_tokens for row in rows], device=self._device)
+        self._out[slots, 0] = tokens
+        self._generated[slots] = 1
+        self._max_new[slots] = max_new
+        self._done[slots] = torch.isin(tokens, self._stop) | (max_new <= 1)
+        for job in jobs:
+            job.steps = 1
+        return tokens
+
+    def _membership_changed(self) -> None:
+        slots = [job.slot for job in self._running]
+        self._index = self._runner.slots[: self._bucket].clone()
+        self._batch = self._sampling.batch(slots, self._index)
+        self._length_due = min(job.row.max_new_tokens - job.steps for job in self._running)
+
+    def _step(self) -> None:
+        if self._length_due <= 0 or self._since_sync >= SYNC_EVERY:
+            self._sync()
+            if not self._running:
+                return
+        runner, index = self._runner, self._index
+        logits = runner.step(self._bucket)
+        tokens = sample_next(logits, self._batch, index)
+        record_tokens(self._batch, index, tokens)
+        generated = self._generated[index]
+        self._out[index, generated.clamp(max=self._width - 1)] = tokens
+        generated = (generated + 1).clamp(max=self._width - 1)
+        self._generated[index] = generated
+        self._done[index] |= torch.isin(tokens, self._stop) | (generated >= self._max_new[index])
+        runner.advance(self._bucket, tokens)
+        for job in self._running:
+            job.steps += 1
+        self._length_due -= 1
+        self._since_sync += 1
+        self.stats["steps"] += 1
+        self.stats["row_steps"] += len(self._running)
+
+    def _sync(self) -> None:
+        """Read back finished rows and stream progress; compact the batch to the rest."""
+        self._since_sync = 0
+        slots = torch.tensor([job.slot for job in self._running], device=self._device)
+        done = self._done[slots].tolist()
+        finished = [
+            d or job.steps >= job.row.max_new_tokens
+            for d, job in zip(done, self._running, strict=True)
+        ]
+        readback = [i for i, job in enumerate(self._running) if finished[i] or job.emit]
+        if readback:
+            widest = max(self._running[i].steps for i in readback)
+            rows = self._out[slots[readback], :widest].tolist()
+            for i, tokens in zip(readback, rows, strict=True):
+                self._deliver(self._running[i], tokens, finished[i])
+        keep = [i for i, f in enumerate(finished) if not f]
+        if len(keep) == len(self._running):
+            self._length_due = min(j.row.max_new_tokens - j.steps for j in self._running)
+            return
+        self._free.extend(self._running[i].slot for i in range(len(self._running)) if finished[i])
+        self._running = [self._running[i] for i in keep]
+        if self._running:
+            self._bucket = self._runner.compact(torch.tensor(keep, device=self._device))
+            self._membership_changed()
+        else:
+            self._runner.clear()
+
+    def _deliver(self, job: Job, tokens: list[int], finished: bool) -> None:
+        tokens = tokens[: min(job.steps, job.row.max_new_tokens)]
+        cut = next((i for i, t in enumerate(tokens) if t in self._stop_host), None)
+        visible = tokens if cut is None else tokens[:cut]
+        if job.emit is not None and len(visible) > job.sent:
+            try:
+                job.emit(visible[job.sent :])
+            except Exception:  # a failing listener must not stop the batch
+                logger.exception("stream listener failed")
+            job.sent = len(visible)
+        if finished:
+            self._finish(job, self._result(visible, "length" if cut is None else "stop"))
+
+    def _reset(self, error: BaseException) -> None:
+        """Fail every running row and empty the batch."""
+        jobs, self._running = self._running, []
+        self._free.extend(job.slot for job in jobs)
+        self._runner.clear()
+        self._fail(jobs, error)
+
+
+class GenerateBatcher(Scheduler):
+    """Batches for an engine's ``generate``: what waits goes together, streams alone."""
+
+    def __init__(
+        self,
+        generate: Callable[[Sequence[GenerationRow]], list[GenerationResult]],
+        stream: Callable[[GenerationRow, Emit], GenerationResult],
+        *,
+        max_rows: int,
+        max_waiting: int,
+        on_error: ErrorMap,
+    ) -> None:
+        super().__init__(max_waiting=max_waiting, on_error=on_error, name="hymt-generate")
+        self._generate, self._stream, self._max_rows = generate, stream, max_rows
+
+    def describe(self) -> dict[str, object]:
+        return {"scheduler": "generate", "max_rows": self._max_rows, **super().describe()}
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            self._take(block=not self._waiting)
+            if not self._waiting:
+                continue
+            if self._waiting[0].emit is not None:
+                self._run_stream(self._pop_waiting(1)[0])
+                continue
+            count = 0
+            while count < min(self._max_rows, len(self._waiting)):
+                if self._waiting[count].emit is not None:
+                    break
+                count += 1
+            self._run_batch(self._pop_waiting(count))
+
+    def _run_batch(self, jobs: list[Job]) -> None:
+        if not jobs:
+            return
+        try:
+            results = self._generate([job.row for job in jobs])
+        except Exception as error:
+            self._fail(jobs, error)
+            return
+        for job, result in zip(jobs, results, strict=True):
+            self._finish(job, result)
+
+    def _run_stream(self, job: Job) -> None:
+        assert job.emit is not None
+        try:
+            result = self._stream(job.row, job.emit)
+        except Exception as error:
+            self._fail([job], error)
+            return
+        self._finish(job, result)

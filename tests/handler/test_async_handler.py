@@ -1,0 +1,159 @@
+"""TorchServe's async mode through the handler with the tiny real model on the fast engine:
+requests handled concurrently, one per call (as TorchServe's AsyncService does), must get the
+replies the batch path gives, with per-request errors and streams intact."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import make_context, set_batch
+
+import hunyuan_mt_handler
+from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.errors import ConfigurationError
+
+ASYNC = {"asyncCommunication": True}
+BODIES: list[Any] = [
+    {"text": "Hello there", "target_lang": "fr"},
+    {"text": ["Good night", "See you", "Thanks a lot for the help"], "target_lang": "de"},
+    {"text": "x", "target_lang": "klingon"},
+    {"text": "你好，世界", "target_lang": "en", "max_new_tokens": 3},
+    b"\xff not utf-8",
+    {"text": "A much longer sentence to translate into Japanese, please.", "target_lang": "ja"},
+    {"text": "Sampled", "target_lang": "es", "sampling": True, "top_k": 5},
+    {"text": "y" * 500, "target_lang": "en"},
+    {"text": "Bonjour", "target_lang": "en", "source_lang": "fr", "max_new_tokens": 1},
+]
+
+
+def settings(model_dir: Path) -> dict[str, Any]:
+    return {
+        "model_path": str(model_dir),
+        "engine": "fast",
+        "max_new_tokens": 12,
+        "max_batch_rows": 3,  # fewer slots than rows in flight: rows wait and join later
+        "max_chars_per_text": 400,
+    }
+
+
+def start(model_dir: Path, **frontend: Any) -> tuple[HunyuanMTHandler, Any]:
+    handler = HunyuanMTHandler()
+    context = make_context(settings(model_dir), model_dir, batch_size=1, frontend=frontend)
+    handler.initialize(context)
+    return handler, context
+
+
+async def one_call(
+    handler: HunyuanMTHandler, context: Any, body: Any, request_id: str
+) -> tuple[int, str, str]:
+    """What TorchServe's async worker does per request: a context copy, one awaited call."""
+    own = copy.deepcopy(context)
+    set_batch(own, 1)
+    own.request_ids = {0: request_id}
+    result = handler.handle([{"body": body}], own)
+    assert not isinstance(result, list)
+    (text,) = await result
+    return own.get_response_status(0)[0], own.get_response_content_type(0), text
+
+
+async def all_at_once(handler: HunyuanMTHandler, context: Any) -> list[tuple[int, str, str]]:
+    calls = [one_call(handler, context, b, f"r{i}") for i, b in enumerate(BODIES)]
+    return list(await asyncio.gather(*calls))
+
+
+@pytest.fixture(scope="module")
+def async_handler(tiny_model_dir: Path) -> Any:
+    handler, context = start(tiny_model_dir, **ASYNC)
+    yield handler, context
+    handler._service().engine.scheduler.close()  # type: ignore[attr-defined]
+
+
+def test_concurrent_requests_match_the_batch_path(
+    async_handler: tuple[HunyuanMTHandler, Any], tiny_model_dir: Path
+) -> None:
+    handler, context = async_handler
+    replies = asyncio.run(all_at_once(handler, context))
+    sync_handler, sync_context = start(tiny_model_dir)
+    set_batch(sync_context, len(BODIES))
+    batch = sync_handler.handle([{"body": b} for b in BODIES], sync_context)
+    assert isinstance(batch, list)
+    statuses = [status for status, _, _ in replies]
+    assert statuses == [200, 200, 400, 200, 400, 200, 200, 413, 200]
+    assert statuses == [sync_context.get_response_status(i)[0] for i in range(len(BODIES))]
+    for i, ((_, content_type, text), expected) in enumerate(zip(replies, batch, strict=True)):
+        got, want = json.loads(text), json.loads(expected)
+        assert content_type == "application/json"
+        assert got["request_id"] == f"r{i}"
+        if i == 6:  # sampled: same shape, its own draw
+            assert got.keys() == want.keys()
+            continue
+        got.pop("request_id"), want.pop("request_id")
+        assert got == want
+    described = handler.describe()["engine"]
+    assert described["engine"] == "fast"
+    assert described["scheduler"]["scheduler"] == "continuous"
+    assert described["scheduler"]["slots"] == 3
+
+
+def test_a_stream_and_plain_requests_in_flight_together(
+    async_handler: tuple[HunyuanMTHandler, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handler, context = async_handler
+    sent: list[tuple[dict[int, str], dict[int, str]]] = []
+    monkeypatch.setattr(
+        hunyuan_mt_handler,
+        "send_intermediate_predict_response",
+        lambda ret, ids, message, code, ctx: sent.append((ret, ids)),
+    )
+    stream_body = {"text": "Hello there, friend", "target_lang": "ja", "stream": True}
+
+    async def together() -> list[tuple[int, str, str]]:
+        calls = [one_call(handler, context, stream_body, "s")]
+        calls += [one_call(handler, context, BODIES[0], f"p{i}") for i in range(4)]
+        return list(await asyncio.gather(*calls))
+
+    (status, content_type, final), *plain = asyncio.run(together())
+    assert status == 200 and content_type == "application/x-ndjson"
+    assert {ids[0] for _, ids in sent} == {"s"}  # deltas reach the streaming request only
+    deltas = [json.loads(ret[0]) for ret, _ in sent]
+    assert "".join(d["delta"] for d in deltas) == json.loads(final)["translation"]
+    assert all(s == 200 for s, _, _ in plain)
+
+
+def test_describe_is_answered_in_async_mode(async_handler: tuple[HunyuanMTHandler, Any]) -> None:
+    handler, context = async_handler
+
+    async def describe() -> str:
+        own = copy.deepcopy(context)
+        set_batch(own, 1, [{"describe": "True"}])
+        (text,) = await handler.handle([{"body": b""}], own)  # type: ignore[misc]
+        return str(text)
+
+    assert json.loads(asyncio.run(describe()))["engine"]["scheduler"]["max_waiting"] == 1024
+
+
+def test_an_unexpected_failure_is_one_reply_not_an_exception(
+    async_handler: tuple[HunyuanMTHandler, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handler, context = async_handler
+    service = handler._service()
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(service, "generate_async", broken)
+    status, _, text = asyncio.run(one_call(handler, context, BODIES[0], "k"))
+    assert status == 500
+    assert json.loads(text)["error_type"] == "generation_failed"
+
+
+def test_async_mode_refuses_batches_from_torchserve(tiny_model_dir: Path) -> None:
+    handler = HunyuanMTHandler()
+    context = make_context(settings(tiny_model_dir), tiny_model_dir, batch_size=4, frontend=ASYNC)
+    with pytest.raises(ConfigurationError, match="batchSize: 1"):
+        handler.initialize(context)

@@ -1,0 +1,115 @@
+"""TorchServe's async mode (the GPU profile's setting) on a real server with the tiny model and
+the fast engine on the CPU: requests reach the worker as they arrive and the continuous batcher
+serves them together; bad requests, streams, overload and an out-of-memory fault stay per
+request, and the worker survives all of it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from conftest import MODEL, running_server
+
+from hymt_serve.launcher import Server, model_workers
+
+pytestmark = pytest.mark.integration
+OOM_MARKER = 9
+SLOTS = 2
+MAX_WAITING = 6
+
+
+@pytest.fixture(scope="module")
+def async_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    archive = {
+        "asyncCommunication": True,
+        "batchSize": 1,
+        "minWorkers": 1,
+        "maxWorkers": 1,
+        "handler.engine": "fast",
+        "handler.max_new_tokens": 24,
+        "handler.max_batch_rows": SLOTS,
+        "handler.max_waiting_rows": MAX_WAITING,
+        "handler.test_oom_max_new_tokens": OOM_MARKER,
+    }
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("async"), archive) as server:
+        yield server
+
+
+def post(server: Server, body: Any, timeout: float = 120) -> requests.Response:
+    return requests.post(
+        f"{server.inference_url()}/predictions/{MODEL}",
+        json=body,
+        headers=server.headers("inference"),
+        timeout=timeout,
+    )
+
+
+def pids(server: Server) -> list[object]:
+    return [w["pid"] for w in model_workers(server, MODEL)]
+
+
+def test_valid_bad_and_streaming_requests_in_flight_together(async_server: Server) -> None:
+    before = pids(async_server)
+    valid = {"text": "The weather is nice today.", "target_lang": "fr", "max_new_tokens": 8}
+    bodies: list[Any] = [
+        valid,
+        {"text": "x", "target_lang": "klingon"},
+        {"text": "Streamed, please.", "target_lang": "de", "stream": True},
+        {"text": ["one", "two"], "target_lang": "ja", "max_new_tokens": 4},
+        {"text": "x", "target_lang": "fr", "max_new_tokens": 10_000},
+        {"text": "x", "target_lang": "fr", "surprise": 1},
+    ]
+    expected = [200, 400, 200, 200, 400, 400]
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(lambda b: post(async_server, b), bodies))
+    assert [r.status_code for r in responses] == expected
+    assert responses[0].json()["usage"]["output_tokens"] == 8
+    assert len(responses[3].json()["translations"]) == 2
+    for response in (responses[1], responses[4], responses[5]):
+        assert response.json()["error"] and response.json()["request_id"]
+    lines = [json.loads(line) for line in responses[2].text.splitlines()]
+    assert responses[2].headers["content-type"].startswith("application/x-ndjson")
+    assert "".join(line.get("delta", "") for line in lines[:-1]) == lines[-1]["translation"]
+    assert pids(async_server) == before
+
+
+def test_a_burst_beyond_the_waiting_line_gets_fast_503s(async_server: Server) -> None:
+    body = {"text": "Burst", "target_lang": "fr", "max_new_tokens": 24}
+    with concurrent.futures.ThreadPoolExecutor(40) as pool:
+        responses = list(pool.map(lambda _: post(async_server, body), range(40)))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= SLOTS + MAX_WAITING
+    refused = [r.json() for r in responses if r.status_code == 503]
+    assert refused and all(body["error_type"] == "overloaded" for body in refused)
+    assert post(async_server, body).status_code == 200  # healthy afterwards
+
+
+def test_out_of_memory_fails_only_its_request(async_server: Server) -> None:
+    before = pids(async_server)
+    bodies = [{"text": f"Row {i}", "target_lang": "fr", "max_new_tokens": 6} for i in range(4)]
+    bodies.insert(2, {"text": "doomed", "target_lang": "fr", "max_new_tokens": OOM_MARKER})
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(lambda b: post(async_server, b), bodies))
+    assert [r.status_code for r in responses] == [200, 200, 507, 200, 200]
+    assert responses[2].json()["error_type"] == "out_of_memory"
+    assert pids(async_server) == before
+
+
+def test_describe_shows_the_continuous_scheduler(async_server: Server) -> None:
+    response = requests.get(
+        f"{async_server.management_url()}/models/{MODEL}?customized=true",
+        headers=async_server.headers("management"),
+        timeout=30,
+    )
+    custom = response.json()[0]["customizedMetadata"]
+    custom = json.loads(custom) if isinstance(custom, str) else custom
+    scheduler = custom["engine"]["scheduler"]
+    assert scheduler["scheduler"] == "continuous" and scheduler["slots"] == SLOTS
+    assert scheduler["finished"] > 0 and scheduler["rejected"] > 0

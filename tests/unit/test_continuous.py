@@ -1,0 +1,233 @@
+"""The async-mode schedulers on a tiny random hunyuan_v1_dense (CPU): continuous batching must
+give every row the tokens it gets alone, whenever it joins, in whichever slot."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+
+import pytest
+from test_fast_engine import hf_generate, tiny_model
+from transformers import PreTrainedModel
+
+from hymt_serve.continuous import ContinuousBatcher, GenerateBatcher
+from hymt_serve.errors import GenerationFailed, Overloaded
+from hymt_serve.fast_engine import FastGenerator
+from hymt_serve.generation import FinishReason, GenerationResult, GenerationRow, SamplingParams
+
+PROMPTS = (
+    (1, 17, 250, 33, 91, 402, 5),
+    (1, 300, 12),
+    (1, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53),
+    (1, 9, 8, 7),
+    (1, 500, 501, 502, 503, 504),
+    (1, 60, 61),
+)
+MAX_NEW = (40, 6, 13, 1, 22, 9)
+
+
+def result(tokens: list[int], finish: FinishReason) -> GenerationResult:
+    return GenerationResult(" ".join(map(str, tokens)), tuple(tokens), finish)
+
+
+def as_error(error: BaseException, rows: int) -> BaseException:
+    return GenerationFailed(f"{type(error).__name__} for {rows} rows")
+
+
+@pytest.fixture(scope="module")
+def model() -> PreTrainedModel:
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def expected(model: PreTrainedModel) -> list[list[int]]:
+    return [hf_generate(model, p, n) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
+
+
+def batcher_for(
+    model: PreTrainedModel,
+    *,
+    slots: int = 4,
+    max_waiting: int = 100,
+    stop_ids: Sequence[int] = (),
+    before_prefill: object = None,
+) -> ContinuousBatcher:
+    fast = FastGenerator.from_model(model, max_batch_size=slots, max_seq_len=64)
+    batcher = ContinuousBatcher(
+        fast,
+        stop_ids,
+        result,
+        max_waiting=max_waiting,
+        on_error=as_error,
+        before_prefill=before_prefill,  # type: ignore[arg-type]
+    )
+    batcher.start()
+    return batcher
+
+
+@pytest.fixture
+def batcher(model: PreTrainedModel) -> Iterator[ContinuousBatcher]:
+    running = batcher_for(model)
+    yield running
+    running.close()
+
+
+def wait_for(predicate: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def test_rows_joining_a_running_batch_get_their_own_tokens(
+    batcher: ContinuousBatcher, expected: list[list[int]]
+) -> None:
+    first = batcher.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]))
+    wait_for(lambda: batcher.stats["steps"] >= 5)
+    later = [
+        batcher.submit(GenerationRow(p, n)) for p, n in zip(PROMPTS[1:], MAX_NEW[1:], strict=True)
+    ]
+    results = [f.result(timeout=60) for f in [first, *later]]
+    for got, want, new in zip(results, expected, MAX_NEW, strict=True):
+        assert list(got.token_ids) == want
+        assert len(want) == new and got.finish_reason == "length"
+    # Six rows through four slots: the last rows waited for slots that earlier rows left.
+    assert batcher.stats["prefill_rows"] == 6 and batcher.stats["finished"] == 6
+    assert batcher.describe()["running"] == 0
+
+
+def test_a_second_wave_reuses_slots_with_fresh_penalty_state(
+    batcher: ContinuousBatcher, model: PreTrainedModel
+) -> None:
+    # top_k 1 makes sampling the argmax of the penalised logits: comparable with transformers.
+    penalised = SamplingParams(temperature=1.0, top_p=1.0, top_k=1, repetition_penalty=1.3)
+    for _ in range(2):
+        futures = [
+            batcher.submit(GenerationRow(p, n, penalised))
+            for p, n in zip(PROMPTS[:4], MAX_NEW[:4], strict=True)
+        ]
+        for future, prompt, new in zip(futures, PROMPTS, MAX_NEW, strict=False):
+            assert list(future.result(timeout=60).token_ids) == hf_generate(
+                model, prompt, new, penalty=1.3
+            )
+
+
+def test_stop_tokens_end_a_row_early(model: PreTrainedModel, expected: list[list[int]]) -> None:
+    reference = expected[0]
+    stop = reference[12]
+    cut = reference.index(stop)
+    batcher = batcher_for(model, stop_ids=[stop])
+    try:
+        got = batcher.submit(GenerationRow(PROMPTS[0], MAX_NEW[0])).result(timeout=60)
+    finally:
+        batcher.close()
+    assert list(got.token_ids) == reference[:cut] and got.finish_reason == "stop"
+
+
+def test_streamed_tokens_add_up_to_the_result(
+    batcher: ContinuousBatcher, expected: list[list[int]]
+) -> None:
+    pieces: list[list[int]] = []
+    future = batcher.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]), emit=pieces.append)
+    got = future.result(timeout=60)
+    assert [t for piece in pieces for t in piece] == list(got.token_ids) == expected[0]
+    assert len(pieces) > 1  # delivered as it went, not once at the end
+
+
+def test_too_many_waiting_rows_are_refused_at_once(model: PreTrainedModel) -> None:
+    gate = threading.Event()
+    batcher = batcher_for(model, slots=1, max_waiting=2, before_prefill=lambda rows: gate.wait())
+    try:
+        first = batcher.submit(GenerationRow(PROMPTS[1], 3))
+        wait_for(lambda: batcher.describe()["waiting"] == 0)  # taken, held in its prefill
+        queued = [batcher.submit(GenerationRow(PROMPTS[1], 3)) for _ in range(2)]
+        with pytest.raises(Overloaded) as refused:
+            batcher.submit(GenerationRow(PROMPTS[1], 3))
+        assert refused.value.status == 503
+        gate.set()
+        for future in [first, *queued]:
+            assert len(future.result(timeout=60).token_ids) == 3
+    finally:
+        gate.set()
+        batcher.close()
+    assert batcher.stats["rejected"] == 1
+
+
+def test_a_failing_prefill_fails_only_its_rows(
+    model: PreTrainedModel, expected: list[list[int]]
+) -> None:
+    def explode_on_seven(rows: Sequence[GenerationRow]) -> None:
+        if any(row.max_new_tokens == 7 for row in rows):
+            raise MemoryError("injected")
+
+    batcher = batcher_for(model, before_prefill=explode_on_seven)
+    try:
+        running = batcher.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]))
+        wait_for(lambda: batcher.stats["steps"] >= 3)
+        doomed = batcher.submit(GenerationRow(PROMPTS[1], 7))
+        with pytest.raises(GenerationFailed, match="MemoryError for 1 rows"):
+            doomed.result(timeout=60)
+        assert list(running.result(timeout=60).token_ids) == expected[0]
+        after = batcher.submit(GenerationRow(PROMPTS[2], MAX_NEW[2])).result(timeout=60)
+        assert list(after.token_ids) == expected[2]
+    finally:
+        batcher.close()
+
+
+def test_rows_that_do_not_fit_are_refused_on_submit(batcher: ContinuousBatcher) -> None:
+    with pytest.raises(ValueError, match="max_seq_len"):
+        batcher.submit(GenerationRow(PROMPTS[0], 64))
+
+
+def test_cancelled_rows_are_skipped(model: PreTrainedModel) -> None:
+    gate = threading.Event()
+    batcher = batcher_for(model, slots=1, before_prefill=lambda rows: gate.wait())
+    try:
+        first = batcher.submit(GenerationRow(PROMPTS[1], 3))
+        wait_for(lambda: batcher.describe()["waiting"] == 0)
+        dropped = batcher.submit(GenerationRow(PROMPTS[2], 5))
+        assert dropped.cancel()
+        kept = batcher.submit(GenerationRow(PROMPTS[3], 2))
+        gate.set()
+        assert len(first.result(timeout=60).token_ids) == 3
+        assert len(kept.result(timeout=60).token_ids) == 2
+    finally:
+        gate.set()
+        batcher.close()
+    assert batcher.stats["prefill_rows"] == 2
+
+
+def test_generate_batcher_batches_what_waits_and_streams_alone() -> None:
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def generate(rows: Sequence[GenerationRow]) -> list[GenerationResult]:
+        gate.wait()
+        calls.append(len(rows))
+        return [result(list(row.prompt_ids), "length") for row in rows]
+
+    def stream(row: GenerationRow, emit: object) -> GenerationResult:
+        calls.append(-1)
+        emit(list(row.prompt_ids))  # type: ignore[operator]
+        return result(list(row.prompt_ids), "stop")
+
+    batcher = GenerateBatcher(generate, stream, max_rows=3, max_waiting=100, on_error=as_error)
+    batcher.start()
+    try:
+        first = batcher.submit(GenerationRow((1,), 1))
+        wait_for(lambda: batcher.describe()["waiting"] == 0)
+        rest: list[Future[GenerationResult]] = [
+            batcher.submit(GenerationRow((i,), 1)) for i in range(2, 7)
+        ]
+        streamed: list[list[int]] = []
+        rest.append(batcher.submit(GenerationRow((9,), 1), emit=streamed.append))
+        gate.set()
+        assert [f.result(timeout=10).token_ids for f in [first, *rest]] == [
+            (1,), (2,), (3,), (4,), (5,), (6,), (9,)
+        ]  # fmt: skip
+    finally:
+        gate.set()
+        batcher.close()
+    assert calls == [1, 3, 2, -1] and streamed == [[9]]
