@@ -41,8 +41,11 @@ logger = logging.getLogger(__name__)
 Emit = Callable[[list[int]], None]
 # An engine's translation of a failure (e.g. torch.OutOfMemoryError -> OutOfMemory (507)).
 ErrorMap = Callable[[BaseException, int], BaseException]
-# Arrivals may gather this long before they interrupt the running batch for a prefill.
-ADMIT_WAIT_S = 0.004
+# A prefill of a few short prompts costs about one decode step (both read all the weights), so
+# arrivals gather before they interrupt the running batch: until this many wait, or the first
+# has waited this long. An idle engine admits at once.
+ADMIT_ROWS = 16
+ADMIT_WAIT_S = 0.02
 IDLE_POLL_S = 0.5
 
 
@@ -227,7 +230,7 @@ class ContinuousBatcher(Scheduler):
     def _admit_now(self) -> bool:
         return (
             not self._running
-            or len(self._waiting) >= len(self._free)
+            or len(self._waiting) >= min(ADMIT_ROWS, len(self._free))
             or time.monotonic() - self._waiting[0].arrived >= ADMIT_WAIT_S
         )
 

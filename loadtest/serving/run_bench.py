@@ -2,7 +2,9 @@
 
 In one run: save a 7B-shaped random-weight model to local disk (once), serve it through the real
 package (archive, config.properties, token auth on), drive it with closed-loop users at each
-concurrency for a fixed time, then do the same with the naive baseline
+concurrency for a fixed time (``--modes``: ``continuous`` is the GPU profile as shipped,
+TorchServe's async mode with the handler's continuous batcher; ``batch`` is TorchServe's own
+batching, ``--batch-size`` requests per handler call), then do the same with the naive baseline
 (``naive_server.py``: fp16, a lock, one ``generate`` per request). Output lengths are fixed by
 one rule for both systems: 1.2 x the source text's tokens (random weights never choose EOS).
 Writes results.json, results.md and PNG plots to ``--out``.
@@ -122,7 +124,7 @@ def measure_levels(
     return rows
 
 
-def wait_first_success(job: Job, started: float, timeout: float = 900) -> float:
+def wait_first_success(job: Job, started: float, timeout: float = 300) -> float:
     """Seconds from ``started`` until the first successful translation."""
     while time.monotonic() - started < timeout:
         if send(job, 60)[1] is None:
@@ -138,22 +140,31 @@ def bench_torchserve(
     sampler: GpuSampler,
     work: Path,
     gpus: int = 1,
+    mode: str = "continuous",
 ) -> tuple[list[dict[str, Any]], float]:
     """One worker per GPU (TorchServe assigns GPUs to workers round robin)."""
     from hymt_serve.archive import build_archive
     from hymt_serve.launcher import start, stop, wait_ready
 
     profile = "cpu" if args.tiny else "gpu"
+    overrides: dict[str, Any] = {"minWorkers": gpus, "maxWorkers": gpus}
+    if mode == "continuous":
+        overrides.update({"asyncCommunication": True, "batchSize": 1})
+        if args.tiny:
+            overrides["handler.engine"] = "fast"
+    else:
+        overrides.update(
+            {
+                "asyncCommunication": False,
+                "batchSize": args.batch_size,
+                "maxBatchDelay": args.batch_delay,
+            }
+        )
     build_archive(
         model_path=model_dir,
         template=REPO / f"configs/model-config-{profile}.yaml",
         export_path=work / "model_store",
-        overrides={
-            "batchSize": args.batch_size,
-            "maxBatchDelay": args.batch_delay,
-            "minWorkers": gpus,
-            "maxWorkers": gpus,
-        },
+        overrides=overrides,
     )
     sampler.gpus = gpus
     started = time.monotonic()
@@ -173,13 +184,26 @@ def bench_torchserve(
             return url, body, server.headers("inference"), n
 
         cold = wait_first_success(make_job(random.Random(0)), started)
-        print(f"torchserve cold start {cold} s", flush=True)
+        print(f"torchserve {mode} x{gpus} cold start {cold} s", flush=True)
         rows = measure_levels("torchserve", make_job, args.users, args.duration, sampler)
         for row in rows:
-            row["gpus"] = gpus
+            row.update(gpus=gpus, mode=mode)
+        (work / f"describe-{mode}-{gpus}.json").write_text(describe(server))
         return rows, cold
     finally:
         stop(server)
+
+
+def describe(server: Any) -> str:
+    """The worker's own description (engine, scheduler counters) after the run."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{server.management_url()}/models/{MODEL}?customized=true",
+        headers=server.headers("management"),
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return str(response.read().decode())
 
 
 def bench_naive(
@@ -212,7 +236,10 @@ def bench_naive(
     try:
         cold = wait_first_success(make_job(random.Random(0)), started)
         print(f"naive cold start {cold} s", flush=True)
-        return measure_levels("naive", make_job, args.naive_users, args.duration, sampler), cold
+        rows = measure_levels("naive", make_job, args.naive_users, args.duration, sampler)
+        for row in rows:
+            row["mode"] = "naive"
+        return rows, cold
     finally:
         process.terminate()
         process.wait(60)
@@ -223,6 +250,7 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     columns = [
         "system",
+        "mode",
         "gpus",
         "users",
         "requests_per_s",
@@ -255,10 +283,15 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    systems = sorted({(r["system"], r["gpus"]) for r in rows})
-    for (name, gpus), style in zip(systems, ("s--", "o-", "^-", "v-"), strict=False):
-        mine = [r for r in rows if (r["system"], r["gpus"]) == (name, gpus) and r["requests"]]
-        system = name if gpus == 1 else f"{name} x{gpus} GPUs"
+    systems = sorted({(r["system"], r.get("mode", ""), r["gpus"]) for r in rows})
+    for (name, mode, gpus), style in zip(systems, ("s--", "o-", "^-", "v-", "D-"), strict=False):
+        mine = [
+            r
+            for r in rows
+            if (r["system"], r.get("mode", ""), r["gpus"]) == (name, mode, gpus) and r["requests"]
+        ]
+        system = name if mode in ("", "naive") else f"{name} {mode}"
+        system = system if gpus == 1 else f"{system} x{gpus} GPUs"
         users = [r["users"] for r in mine]
         left.plot(users, [r["requests_per_s"] for r in mine], style, label=system)
         right.plot(users, [r["p50_ms"] for r in mine], style, label=f"{system} p50")
@@ -295,6 +328,12 @@ def main() -> None:
         default=[1],
         help="TorchServe configurations to run: workers = GPUs, e.g. 1,2",
     )
+    parser.add_argument(
+        "--modes",
+        type=lambda s: s.split(","),
+        default=["continuous"],
+        help="TorchServe modes to run: continuous (the GPU profile), batch (TorchServe batching)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batch-delay", type=int, default=5)
     parser.add_argument("--cap", type=int, default=512)
@@ -308,10 +347,12 @@ def main() -> None:
     work = args.work
     rows: list[dict[str, Any]] = []
     colds: dict[str, float] = {}
-    for gpus in args.gpus:
-        ts_rows, cold = bench_torchserve(model_dir, jobs, args, sampler, work, gpus)
-        rows += ts_rows
-        colds["torchserve" if gpus == 1 else f"torchserve_{gpus}gpus"] = cold
+    for mode in args.modes:
+        for gpus in args.gpus:
+            ts_rows, cold = bench_torchserve(model_dir, jobs, args, sampler, work, gpus, mode)
+            rows += ts_rows
+            name = "torchserve" if mode == "continuous" else f"torchserve_{mode}"
+            colds[name if gpus == 1 else f"{name}_{gpus}gpus"] = cold
     if not args.skip_naive:
         naive_rows, colds["naive"] = bench_naive(model_dir, jobs, args, sampler)
         rows += naive_rows
@@ -324,15 +365,18 @@ def main() -> None:
             "cold_start_s": colds,
             "rows": rows,
             "duration_s": args.duration,
+            "modes": args.modes,
             "batch_size": args.batch_size,
             "max_batch_delay_ms": args.batch_delay,
             "segments": len(jobs),
             "note": (
                 f"Closed-loop users for {args.duration:.0f} s per level; the load test's sentence "
                 f"mix ({len(jobs)} segments under 300 characters, many language pairs); output "
-                "length 1.2 x source tokens for both systems; TorchServe batchSize "
-                f"{args.batch_size}, maxBatchDelay {args.batch_delay} ms, one worker per GPU,"
-                " token auth on."
+                "length 1.2 x source tokens for every system; one worker per GPU, token auth "
+                "on. Mode continuous: the GPU profile as shipped (TorchServe async mode, "
+                "batchSize 1, the handler's continuous batcher over 128 KV-cache slots); mode "
+                f"batch: TorchServe batching, batchSize {args.batch_size}, maxBatchDelay "
+                f"{args.batch_delay} ms, the fast engine per batch."
             ),
         },
     )
