@@ -55,9 +55,13 @@ class HunyuanMTHandler:
         raw = (getattr(context, "model_yaml_config", None) or {}).get("handler")
         settings = Settings.from_mapping(raw, model_dir=properties.get("model_dir", "."))
         self.async_mode = _async_mode(context)
-        engine = load_engine(settings, properties.get("gpu_id"))
-        if self.async_mode:
-            engine.start_scheduler(settings.max_waiting_rows)
+        engine: Any
+        if self.async_mode:  # the model runs in a child process, away from this one's GIL
+            from hymt_serve.engine_process import EngineClient
+
+            engine = EngineClient(settings, properties.get("gpu_id"), settings.max_waiting_rows)
+        else:
+            engine = load_engine(settings, properties.get("gpu_id"))
         recorder = TorchServeRecorder(context.metrics, context.model_name)
         recorder.engine_info(engine.describe())
         self.service = TranslationService(engine, settings, recorder)

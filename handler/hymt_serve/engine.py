@@ -119,9 +119,7 @@ class HFEngine:
         if not (settings.model_path / "config.json").is_file():
             raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
         started = time.perf_counter()
-        tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
-        if not tokenizer.chat_template:
-            raise ConfigurationError(f"the tokenizer in {settings.model_path} has no chat template")
+        tokenizer = load_tokenizer(settings)
         model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **_load_kwargs(plan))
         if plan.quantization == "none":
             model.to(plan.device)
@@ -136,10 +134,7 @@ class HFEngine:
         return engine
 
     def encode_prompt(self, user_turn: str) -> list[int]:
-        rendered = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": user_turn}], tokenize=False, add_generation_prompt=True
-        )
-        return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+        return encode_user_turn(self.tokenizer, user_turn)
 
     def generate(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
         """One result per row; raises OutOfMemory (507) when the device runs out of memory."""
@@ -165,16 +160,17 @@ class HFEngine:
             torch.cuda.empty_cache()
             raise _oom(1) from exc
 
-    def start_scheduler(self, max_waiting: int) -> None:
+    def start_scheduler(self, max_waiting: int, *, decode: bool = True) -> None:
         """Serve :meth:`submit` from a thread of its own (TorchServe's async mode):
-        continuous batching on the fast engine, batches of ``generate`` otherwise."""
+        continuous batching on the fast engine, batches of ``generate`` otherwise.
+        ``decode=False`` leaves the results' text empty (the caller decodes the token ids)."""
         from .continuous import ContinuousBatcher, GenerateBatcher
 
         if self.fast is not None:
             self.scheduler = ContinuousBatcher(
                 self.fast,
                 self.stop_ids,
-                self._fast_result,
+                self._fast_result if decode else _ids_only,
                 max_waiting=max_waiting,
                 on_error=map_error,
                 before_prefill=self._inject_fault,
@@ -323,6 +319,28 @@ def _oom(rows: int) -> OutOfMemory:
         f"the device ran out of memory for a batch of {rows} texts",
         allowed="fewer or shorter texts per request, or retry",
     )
+
+
+def _ids_only(tokens: list[int], finish: FinishReason) -> GenerationResult:
+    return GenerationResult("", tuple(tokens), finish)
+
+
+def load_tokenizer(settings: Settings) -> Any:
+    """The model folder's tokenizer; raises ConfigurationError without a chat template."""
+    if not (settings.model_path / "config.json").is_file():
+        raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
+    tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
+    if not tokenizer.chat_template:
+        raise ConfigurationError(f"the tokenizer in {settings.model_path} has no chat template")
+    return tokenizer
+
+
+def encode_user_turn(tokenizer: Any, user_turn: str) -> list[int]:
+    """Token ids of ``user_turn`` rendered as one user turn by the chat template."""
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user_turn}], tokenize=False, add_generation_prompt=True
+    )
+    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
 
 def map_error(error: BaseException, rows: int) -> BaseException:

@@ -326,7 +326,7 @@ def main() -> None:
         "--gpus",
         type=lambda s: [int(x) for x in s.split(",")],
         default=[1],
-        help="TorchServe configurations to run: workers = GPUs, e.g. 1,2",
+        help="GPU counts for the continuous mode (one worker per GPU), e.g. 1,2; batch runs on 1",
     )
     parser.add_argument(
         "--modes",
@@ -348,7 +348,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     colds: dict[str, float] = {}
     for mode in args.modes:
-        for gpus in args.gpus:
+        for gpus in args.gpus if mode == "continuous" else [1]:
             ts_rows, cold = bench_torchserve(model_dir, jobs, args, sampler, work, gpus, mode)
             rows += ts_rows
             name = "torchserve" if mode == "continuous" else f"torchserve_{mode}"

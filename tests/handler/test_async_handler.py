@@ -70,7 +70,7 @@ async def all_at_once(handler: HunyuanMTHandler, context: Any) -> list[tuple[int
 def async_handler(tiny_model_dir: Path) -> Any:
     handler, context = start(tiny_model_dir, **ASYNC)
     yield handler, context
-    handler._service().engine.scheduler.close()  # type: ignore[attr-defined]
+    handler._service().engine.close()  # type: ignore[attr-defined]
 
 
 def test_concurrent_requests_match_the_batch_path(
@@ -95,7 +95,7 @@ def test_concurrent_requests_match_the_batch_path(
         got.pop("request_id"), want.pop("request_id")
         assert got == want
     described = handler.describe()["engine"]
-    assert described["engine"] == "fast"
+    assert described["engine"] == "fast" and described["process"]["pid"]
     assert described["scheduler"]["scheduler"] == "continuous"
     assert described["scheduler"]["slots"] == 3
 

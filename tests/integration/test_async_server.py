@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,3 +116,30 @@ def test_describe_shows_the_continuous_scheduler(async_server: Server) -> None:
     scheduler = custom["engine"]["scheduler"]
     assert scheduler["scheduler"] == "continuous" and scheduler["slots"] == SLOTS
     assert scheduler["finished"] > 0 and scheduler["rejected"] > 0
+
+
+def test_a_dead_engine_process_is_replaced_in_the_same_worker(async_server: Server) -> None:
+    def engine_process() -> dict[str, int]:
+        response = requests.get(
+            f"{async_server.management_url()}/models/{MODEL}?customized=true",
+            headers=async_server.headers("management"),
+            timeout=30,
+        )
+        custom = response.json()[0]["customizedMetadata"]
+        custom = json.loads(custom) if isinstance(custom, str) else custom
+        return dict(custom["engine"]["process"])
+
+    worker, child = pids(async_server), engine_process()
+    body = {"text": "Long one", "target_lang": "fr", "max_new_tokens": 24}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        pending = [pool.submit(post, async_server, body) for _ in range(4)]
+        os.kill(child["pid"], signal.SIGKILL)
+        statuses = [future.result().status_code for future in pending]
+    assert set(statuses) <= {200, 500, 503}  # done before the kill, failed with it, or refused
+    deadline = time.monotonic() + 120
+    while post(async_server, body).status_code != 200:
+        assert time.monotonic() < deadline, "no successful translation after the restart"
+        time.sleep(1)
+    after = engine_process()
+    assert after["pid"] != child["pid"] and after["restarts"] == child["restarts"] + 1
+    assert pids(async_server) == worker

@@ -14,7 +14,7 @@ ALL_ERRORS = [
 def test_every_error_maps_to_a_status_and_a_body(cls: type[ServiceError]) -> None:
     assert cls.status in HTTP_PHRASES
     assert (cls.status >= 500) == (
-        cls in (errors.GenerationFailed, errors.OutOfMemory, ServiceError)
+        cls in (errors.GenerationFailed, errors.Overloaded, errors.OutOfMemory, ServiceError)
     )
     body = cls("what went wrong", allowed=["x"], field="f").body("req-1")
     assert body == {
@@ -35,4 +35,5 @@ def test_statuses() -> None:
     assert errors.InvalidRequest.status == 400
     assert errors.UnsupportedLanguage.status == 400
     assert errors.PayloadTooLarge.status == 413
+    assert errors.Overloaded.status == 503
     assert errors.OutOfMemory.status == 507
