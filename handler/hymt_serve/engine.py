@@ -116,6 +116,8 @@ class HFEngine:
     def load(cls, settings: Settings, gpu_id: int | None = None) -> HFEngine:
         """Load the model folder of ``settings.model_path``. Raises ConfigurationError."""
         plan = plan_load(settings, gpu_id)
+        if plan.device.type == "cuda":  # Triton and CUDA graphs use the current device
+            torch.cuda.set_device(plan.device)
         if not (settings.model_path / "config.json").is_file():
             raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
         started = time.perf_counter()
