@@ -71,11 +71,11 @@ def sentence_jobs(model_dir: Path, cap: int) -> list[tuple[dict[str, Any], int]]
 
 
 class GpuSampler:
-    """nvidia-smi utilisation and memory every half second, averaged per window."""
+    """nvidia-smi utilisation and memory every half second, averaged per window over the GPUs
+    in use (those holding more than 1 GB: TorchServe may give a one-worker run any GPU)."""
 
     def __init__(self) -> None:
         self.samples: list[tuple[float, float, float]] = []
-        self.gpus = 1
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -89,8 +89,9 @@ class GpuSampler:
         while not self._stop.is_set():
             try:
                 out = subprocess.run(query, capture_output=True, text=True, timeout=5, check=True)
-                lines = out.stdout.strip().splitlines()[: self.gpus]
-                gpus = [[float(v) for v in line.split(",")] for line in lines]
+                lines = out.stdout.strip().splitlines()
+                every = [[float(v) for v in line.split(",")] for line in lines]
+                gpus = [g for g in every if g[1] > 1024] or every[:1]
                 util = sum(g[0] for g in gpus) / len(gpus)  # mean over the GPUs in use
                 self.samples.append((time.monotonic(), util, sum(g[1] for g in gpus) / 1024))
             except (OSError, ValueError, subprocess.SubprocessError):
@@ -108,17 +109,19 @@ class GpuSampler:
 
 
 def measure_levels(
-    system: str,
+    labels: dict[str, Any],
     make_job: Callable[[random.Random], Job],
     users: Sequence[int],
     duration: float,
     sampler: GpuSampler,
 ) -> list[dict[str, Any]]:
+    """One row per user count, labelled with ``labels`` (system, mode, gpus); each row is also
+    printed as one JSON line (``report_from_logs`` rebuilds a report from those lines)."""
     rows = []
     for count in users:
         start = time.monotonic()
         stats = run_closed_loop(make_job, count, duration)
-        stats.update(sampler.window(start, time.monotonic()), system=system, gpus=1)
+        stats.update(sampler.window(start, time.monotonic()), **labels)
         print(json.dumps(stats), flush=True)
         rows.append(stats)
     return rows
@@ -166,7 +169,6 @@ def bench_torchserve(
         export_path=work / "model_store",
         overrides=overrides,
     )
-    sampler.gpus = gpus
     started = time.monotonic()
     server, _ = start(REPO / "config.properties", work / "run", model_store=work / "model_store")
     try:
@@ -184,10 +186,9 @@ def bench_torchserve(
             return url, body, server.headers("inference"), n
 
         cold = wait_first_success(make_job(random.Random(0)), started)
-        print(f"torchserve {mode} x{gpus} cold start {cold} s", flush=True)
-        rows = measure_levels("torchserve", make_job, args.users, args.duration, sampler)
-        for row in rows:
-            row.update(gpus=gpus, mode=mode)
+        print(json.dumps({"cold_start": _cold_name(mode, gpus), "seconds": cold}), flush=True)
+        labels = {"system": "torchserve", "mode": mode, "gpus": gpus}
+        rows = measure_levels(labels, make_job, args.users, args.duration, sampler)
         (work / f"describe-{mode}-{gpus}.json").write_text(describe(server))
         return rows, cold
     finally:
@@ -235,11 +236,9 @@ def bench_naive(
 
     try:
         cold = wait_first_success(make_job(random.Random(0)), started)
-        print(f"naive cold start {cold} s", flush=True)
-        rows = measure_levels("naive", make_job, args.naive_users, args.duration, sampler)
-        for row in rows:
-            row["mode"] = "naive"
-        return rows, cold
+        print(json.dumps({"cold_start": "naive", "seconds": cold}), flush=True)
+        labels = {"system": "naive", "mode": "naive", "gpus": 1}
+        return measure_levels(labels, make_job, args.naive_users, args.duration, sampler), cold
     finally:
         process.terminate()
         process.wait(60)
@@ -349,37 +348,45 @@ def main() -> None:
     colds: dict[str, float] = {}
     for mode in args.modes:
         for gpus in args.gpus if mode == "continuous" else [1]:
-            ts_rows, cold = bench_torchserve(model_dir, jobs, args, sampler, work, gpus, mode)
+            ts_rows, colds[_cold_name(mode, gpus)] = bench_torchserve(
+                model_dir, jobs, args, sampler, work, gpus, mode
+            )
             rows += ts_rows
-            name = "torchserve" if mode == "continuous" else f"torchserve_{mode}"
-            colds[name if gpus == 1 else f"{name}_{gpus}gpus"] = cold
     if not args.skip_naive:
         naive_rows, colds["naive"] = bench_naive(model_dir, jobs, args, sampler)
         rows += naive_rows
-    write_report(
-        args.out,
-        {
-            "gpu": _gpu_name(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "command": " ".join(["python", *sys.argv]),
-            "cold_start_s": colds,
-            "rows": rows,
-            "duration_s": args.duration,
-            "modes": args.modes,
-            "batch_size": args.batch_size,
-            "max_batch_delay_ms": args.batch_delay,
-            "segments": len(jobs),
-            "note": (
-                f"Closed-loop users for {args.duration:.0f} s per level; the load test's sentence "
-                f"mix ({len(jobs)} segments under 300 characters, many language pairs); output "
-                "length 1.2 x source tokens for every system; one worker per GPU, token auth "
-                "on. Mode continuous: the GPU profile as shipped (TorchServe async mode, "
-                "batchSize 1, the handler's continuous batcher over 128 KV-cache slots); mode "
-                f"batch: TorchServe batching, batchSize {args.batch_size}, maxBatchDelay "
-                f"{args.batch_delay} ms, the fast engine per batch."
-            ),
-        },
-    )
+    write_report(args.out, report(rows, colds, args, len(jobs), " ".join(["python", *sys.argv])))
+
+
+def _cold_name(mode: str, gpus: int) -> str:
+    name = "torchserve" if mode == "continuous" else f"torchserve_{mode}"
+    return name if gpus == 1 else f"{name}_{gpus}gpus"
+
+
+def report(
+    rows: list[dict[str, Any]], colds: dict[str, float], args: Any, segments: int, command: str
+) -> dict[str, Any]:
+    return {
+        "gpu": _gpu_name(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "cold_start_s": colds,
+        "rows": rows,
+        "duration_s": args.duration,
+        "modes": args.modes,
+        "batch_size": args.batch_size,
+        "max_batch_delay_ms": args.batch_delay,
+        "segments": segments,
+        "note": (
+            f"Closed-loop users for {args.duration:.0f} s per level; the load test's sentence "
+            f"mix ({segments} segments under 300 characters, many language pairs); output "
+            "length 1.2 x source tokens for every system; one worker per GPU, token auth "
+            "on. Mode continuous: the GPU profile as shipped (TorchServe async mode, "
+            "batchSize 1, the handler's continuous batcher over 128 KV-cache slots in a child "
+            f"process); mode batch: TorchServe batching, batchSize {args.batch_size}, "
+            f"maxBatchDelay {args.batch_delay} ms, the fast engine per batch."
+        ),
+    }
 
 
 def _gpu_name() -> str:
