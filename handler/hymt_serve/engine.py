@@ -1,4 +1,4 @@
-"""The model engine: the only module of the serving path that imports torch and transformers.
+"""The model engine: loading a model folder and generating with transformers (or the fast engine).
 
 :class:`HFEngine` loads a Hugging Face model folder (config, safetensors, tokenizer with chat
 template), renders prompts with the chat template and generates with transformers' ``generate``.
