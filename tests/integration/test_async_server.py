@@ -143,3 +143,12 @@ def test_a_dead_engine_process_is_replaced_in_the_same_worker(async_server: Serv
     after = engine_process()
     assert after["pid"] != child["pid"] and after["restarts"] == child["restarts"] + 1
     assert pids(async_server) == worker
+
+
+def test_metrics_are_exported_in_async_mode(async_server: Server) -> None:
+    assert post(async_server, {"text": "metrics", "target_lang": "ko"}).status_code == 200
+    assert post(async_server, {"text": "x", "target_lang": "nope"}).status_code == 400
+    text = requests.get(f"{async_server.metrics_url()}/metrics", timeout=10).text
+    for name in ("hymt_requests_total", "hymt_output_tokens_total", "hymt_engine_info"):
+        assert f"\n{name}{{" in text, name
+    assert 'ErrorType="unsupported_language"' in text and 'Engine="fast"' in text
