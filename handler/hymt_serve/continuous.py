@@ -176,8 +176,11 @@ class ContinuousBatcher(Scheduler):
         max_waiting: int,
         on_error: ErrorMap,
         before_prefill: Callable[[Sequence[GenerationRow]], None] | None = None,
+        admit_rows: int = ADMIT_ROWS,
+        admit_wait_s: float = ADMIT_WAIT_S,
     ) -> None:
         super().__init__(max_waiting=max_waiting, on_error=on_error, name="hymt-continuous")
+        self._admit_rows, self._admit_wait_s = admit_rows, admit_wait_s
         runner = generator.runner
         self._generator, self._runner = generator, runner
         self._result, self._before_prefill = result, before_prefill
@@ -198,6 +201,8 @@ class ContinuousBatcher(Scheduler):
         self._since_sync = 0
         self._length_due = 0  # steps until the first running row reaches its length
         self.stats.update({"steps": 0, "row_steps": 0, "prefills": 0, "prefill_rows": 0})
+        # Host seconds spent admitting (prefill included), stepping and reading back.
+        self.stats.update({"admit_s": 0.0, "step_s": 0.0, "sync_s": 0.0})
 
     def describe(self) -> dict[str, object]:
         steps = self.stats["steps"]
@@ -206,6 +211,8 @@ class ContinuousBatcher(Scheduler):
             "slots": self._runner.max_batch_size,
             "running": len(self._running),
             "mean_running_rows": round(self.stats["row_steps"] / steps, 2) if steps else 0.0,
+            "admit_rows": self._admit_rows,
+            "admit_wait_ms": round(self._admit_wait_s * 1000, 1),
             **super().describe(),
         }
 
@@ -219,7 +226,9 @@ class ContinuousBatcher(Scheduler):
             while not self._closed.is_set():
                 self._take(block=not self._running and not self._waiting)
                 if self._waiting and self._free and self._admit_now():
+                    started = time.perf_counter()
                     self._admit()
+                    self.stats["admit_s"] += time.perf_counter() - started
                 if self._running:
                     try:
                         self._step()
@@ -230,8 +239,8 @@ class ContinuousBatcher(Scheduler):
     def _admit_now(self) -> bool:
         return (
             not self._running
-            or len(self._waiting) >= min(ADMIT_ROWS, len(self._free))
-            or time.monotonic() - self._waiting[0].arrived >= ADMIT_WAIT_S
+            or len(self._waiting) >= min(self._admit_rows, len(self._free))
+            or time.monotonic() - self._waiting[0].arrived >= self._admit_wait_s
         )
 
     def _admit(self) -> None:
@@ -305,9 +314,12 @@ class ContinuousBatcher(Scheduler):
 
     def _step(self) -> None:
         if self._length_due <= 0 or self._since_sync >= SYNC_EVERY:
+            started = time.perf_counter()
             self._sync()
+            self.stats["sync_s"] += time.perf_counter() - started
             if not self._running:
                 return
+        started = time.perf_counter()
         runner, index = self._runner, self._index
         logits = runner.step(self._bucket)
         tokens = sample_next(logits, self._batch, index)
@@ -324,6 +336,7 @@ class ContinuousBatcher(Scheduler):
         self._since_sync += 1
         self.stats["steps"] += 1
         self.stats["row_steps"] += len(self._running)
+        self.stats["step_s"] += time.perf_counter() - started
 
     def _sync(self) -> None:
         """Read back finished rows and stream progress; compact the batch to the rest."""

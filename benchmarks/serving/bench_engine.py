@@ -1,0 +1,201 @@
+"""The continuous batcher alone: its speed without TorchServe, HTTP or a load generator.
+
+A program, not a test. It builds the fast engine (the 7B-shaped random-weight model on the GPU,
+or ``--tiny`` on the CPU), tokenises the load test's sentence mix with the real chat template
+and the 1.2 x source-tokens length rule of ``loadtest/serving/run_bench.py``, and drives
+:class:`hymt_serve.continuous.ContinuousBatcher` in a closed loop: each simulated user submits
+its next text from the previous one's completion callback, so no client thread competes with
+the engine for the GIL. Per user count it reports requests/s, output tokens/s, latency, decode
+steps/s, rows per step, texts per prefill and the engine thread's host seconds per wall second
+in admitting (prefill), stepping and reading back. ``--admit-wait-ms``/``--admit-rows`` sweep the
+admission policy. Writes ``engine.json`` and ``engine.md`` to ``--out``.
+
+    PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tokenizer TOKDIR --out DIR
+    PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tiny --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import statistics
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hymt_serve.continuous import ADMIT_ROWS, ADMIT_WAIT_S, ContinuousBatcher
+from hymt_serve.engine import encode_user_turn, map_error
+from hymt_serve.fast_engine import FastGenerator
+from hymt_serve.generation import GenerationResult, GenerationRow
+from hymt_serve.languages import lookup
+from hymt_serve.prompts import build_prompt
+from hymt_serve.tiny_model import build_tiny_model, default_tokenizer_dir, random_7b_model
+
+REPO = Path(__file__).resolve().parents[2]
+STOP_ID = 127960
+
+
+def sentence_rows(tokenizer: Any, cap: int) -> list[GenerationRow]:
+    """The load test's segments under 300 characters, templated, with fixed output lengths."""
+    rows = []
+    for line in (REPO / "loadtest/data/segments.jsonl").read_text().splitlines():
+        item = json.loads(line)
+        if len(item["text"]) >= 300:
+            continue
+        source, target = lookup(item["source_lang"]), lookup(item["target_lang"])
+        assert target is not None, item["target_lang"]
+        prompt, _ = build_prompt(item["text"], source, target)
+        n_in = len(tokenizer(item["text"], add_special_tokens=False)["input_ids"])
+        new = max(8, min(cap, round(1.2 * n_in)))
+        rows.append(GenerationRow(tuple(encode_user_turn(tokenizer, prompt)), new))
+    return rows
+
+
+def build(args: argparse.Namespace) -> tuple[FastGenerator, Any]:
+    if args.tiny:
+        folder = build_tiny_model(args.work / "tiny-model", args.tokenizer)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    else:
+        model = random_7b_model("cuda")
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    fast = FastGenerator.from_model(model, max_batch_size=args.slots, max_seq_len=args.max_seq_len)
+    return fast, tokenizer
+
+
+class ClosedLoop:
+    """``users`` simulated users, each submitting its next text when the last one finishes."""
+
+    def __init__(self, batcher: ContinuousBatcher, rows: list[GenerationRow], users: int) -> None:
+        self.batcher, self.rows = batcher, rows
+        self.rng = random.Random(users)
+        self.latencies: list[float] = []
+        self.tokens = 0
+        self.errors = 0
+        self.running = True
+        self.in_flight = users
+        self.drained = threading.Event()
+        self.lock = threading.Lock()
+        for _ in range(users):
+            self._submit()
+
+    def _submit(self) -> None:
+        row = self.rng.choice(self.rows)
+        started = time.perf_counter()
+        future = self.batcher.submit(row)
+        future.add_done_callback(lambda f: self._done(f, started))
+
+    def _done(self, future: Future[GenerationResult], started: float) -> None:
+        with self.lock:
+            if future.exception() is None:
+                self.latencies.append(time.perf_counter() - started)
+                self.tokens += future.result().output_tokens
+            else:
+                self.errors += 1
+            if not self.running:
+                self.in_flight -= 1
+                if self.in_flight == 0:
+                    self.drained.set()
+                return
+        self._submit()
+
+
+def measure(
+    batcher: ContinuousBatcher, rows: list[GenerationRow], users: int, duration: float
+) -> dict[str, Any]:
+    before = dict(batcher.stats)
+    loop = ClosedLoop(batcher, rows, users)
+    started = time.perf_counter()
+    time.sleep(duration)
+    with loop.lock:
+        loop.running = False
+        done, tokens, latencies = len(loop.latencies), loop.tokens, sorted(loop.latencies)
+        stats = {k: batcher.stats[k] - before.get(k, 0) for k in batcher.stats}
+    elapsed = time.perf_counter() - started
+    loop.drained.wait(600)
+    steps = stats["steps"] or 1
+    return {
+        "users": users,
+        "requests_per_s": round(done / elapsed, 2),
+        "output_tokens_per_s": round(tokens / elapsed, 1),
+        "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
+        "p95_ms": round(1000 * latencies[int(0.95 * (len(latencies) - 1))], 1)
+        if latencies
+        else None,
+        "errors": loop.errors,
+        "steps_per_s": round(stats["steps"] / elapsed, 1),
+        "rows_per_step": round(stats["row_steps"] / steps, 1),
+        "texts_per_prefill": round(stats["prefill_rows"] / max(1, stats["prefills"]), 1),
+        "prefills_per_s": round(stats["prefills"] / elapsed, 1),
+        "admit_host_share": round(stats["admit_s"] / elapsed, 3),
+        "step_host_share": round(stats["step_s"] / elapsed, 3),
+        "sync_host_share": round(stats["sync_s"] / elapsed, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tokenizer", type=Path, default=None)
+    parser.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/hymt-bench-engine"))
+    parser.add_argument("--users", type=lambda s: [int(x) for x in s.split(",")], default=None)
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--slots", type=int, default=128)
+    parser.add_argument("--max-seq-len", type=int, default=1536)
+    parser.add_argument("--cap", type=int, default=512)
+    parser.add_argument("--admit-rows", type=int, default=ADMIT_ROWS)
+    parser.add_argument("--admit-wait-ms", type=float, default=ADMIT_WAIT_S * 1000)
+    args = parser.parse_args()
+    args.tokenizer = args.tokenizer or default_tokenizer_dir()
+    if args.tiny:
+        args.slots, args.max_seq_len, args.cap = min(args.slots, 16), 256, 16
+    users = args.users or ([1, 4, 16] if args.tiny else [1, 8, 32, 64, 128])
+    fast, tokenizer = build(args)
+    rows = [r for r in sentence_rows(tokenizer, args.cap) if r.max_new_tokens < args.max_seq_len]
+    rows = [r for r in rows if len(r.prompt_ids) + r.max_new_tokens <= args.max_seq_len]
+    batcher = ContinuousBatcher(
+        fast,
+        [STOP_ID],
+        lambda tokens, finish: GenerationResult("", tuple(tokens), finish),
+        max_waiting=1_000_000,
+        on_error=map_error,
+        admit_rows=args.admit_rows,
+        admit_wait_s=args.admit_wait_ms / 1000,
+    )
+    batcher.start()
+    measure(batcher, rows, min(users), 2.0)  # warm-up: first prefill shapes, allocator
+    results = []
+    for count in users:
+        results.append(measure(batcher, rows, count, args.duration))
+        print(json.dumps(results[-1]), flush=True)
+    batcher.close()
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.tiny else "CPU"
+    report = {
+        "device": device,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "texts": len(rows),
+        "rows": results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "engine.json").write_text(json.dumps(report, indent=2) + "\n")
+    columns = list(results[0])
+    table = ["| " + " | ".join(columns) + " |", "|" + " ---: |" * len(columns)]
+    table += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in results]
+    (args.out / "engine.md").write_text(
+        f"# Continuous batcher alone: {device}, {report['date']}\n\n"
+        f"admit_rows {args.admit_rows}, admit_wait_ms {args.admit_wait_ms}, slots {args.slots}, "
+        f"{len(rows)} texts, {args.duration:.0f} s per level\n\n" + "\n".join(table) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""The engine benchmark runs end to end (tiny model on the CPU), so it does not rot between GPU
+sessions. Its numbers here mean nothing; only that it serves every text and reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_engine_benchmark_smoke(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks/serving/bench_engine.py"),
+        "--tiny",
+        "--out",
+        str(tmp_path / "out"),
+        "--work",
+        str(tmp_path / "work"),
+        "--users",
+        "1,3",
+        "--duration",
+        "1",
+    ]
+    environ = {**os.environ, "PYTHONPATH": str(REPO / "handler")}
+    subprocess.run(command, check=True, env=environ, timeout=600, capture_output=True)
+    report = json.loads((tmp_path / "out/engine.json").read_text())
+    assert [row["users"] for row in report["rows"]] == [1, 3]
+    for row in report["rows"]:
+        assert row["requests_per_s"] > 0 and row["errors"] == 0 and row["steps_per_s"] > 0
+    assert (tmp_path / "out/engine.md").read_text().startswith("# Continuous batcher alone")
