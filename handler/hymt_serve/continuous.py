@@ -34,7 +34,7 @@ from torch import Tensor
 from .errors import Overloaded
 from .fast_engine import PREFILL_TOKENS, SYNC_EVERY, FastGenerator
 from .fast_sampling import SlotSampling, record_tokens, sample_next
-from .generation import FinishReason, GenerationResult, GenerationRow
+from .generation import FinishReason, GenerationResult, GenerationRow, cut_at_stop
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class Scheduler:
         finally:
             self._closed.set()
             self._take(block=False)
-            self._fail(list(self._waiting), RuntimeError("the scheduler stopped"))
+            self._fail(list(self._waiting), RuntimeError("the scheduler stopped"), log=False)
             self._waiting.clear()
 
     def _serve(self) -> None:
@@ -151,11 +151,11 @@ class Scheduler:
         with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
             job.future.set_result(result)
 
-    def _fail(self, jobs: Sequence[Job], error: BaseException) -> None:
+    def _fail(self, jobs: Sequence[Job], error: BaseException, *, log: bool = True) -> None:
         if not jobs:
             return
         mapped = self._on_error(error, len(jobs))
-        if not isinstance(error, RuntimeError) or "scheduler stopped" not in str(error):
+        if log:
             logger.error("generation failed for %d rows: %r", len(jobs), error)
         with self._lock:
             self.stats["failed"] += len(jobs)
@@ -194,8 +194,8 @@ class ContinuousBatcher(Scheduler):
         self._generated = torch.zeros(slots, dtype=torch.int64, device=device)
         self._max_new = torch.ones(slots, dtype=torch.int64, device=device)
         self._done = torch.zeros(slots, dtype=torch.bool, device=device)
-        self._stop = torch.tensor(sorted(stop_ids), dtype=torch.int64, device=device)
-        self._stop_host = set(stop_ids)
+        self._stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.int64, device=device)
+        self._stop = set(stop_ids)
         self._running: list[Job] = []
         self._bucket = 0
         self._since_sync = 0
@@ -234,7 +234,7 @@ class ContinuousBatcher(Scheduler):
                         self._step()
                     except Exception as error:  # the running rows fail, the thread goes on
                         self._reset(error)
-            self._reset(RuntimeError("the scheduler stopped"))
+            self._reset(RuntimeError("the scheduler stopped"), log=False)
 
     def _admit_now(self) -> bool:
         return (
@@ -301,7 +301,7 @@ class ContinuousBatcher(Scheduler):
         self._out[slots, 0] = tokens
         self._generated[slots] = 1
         self._max_new[slots] = max_new
-        self._done[slots] = torch.isin(tokens, self._stop) | (max_new <= 1)
+        self._done[slots] = torch.isin(tokens, self._stop_ids) | (max_new <= 1)
         for job in jobs:
             job.steps = 1
         return tokens
@@ -310,6 +310,9 @@ class ContinuousBatcher(Scheduler):
         slots = [job.slot for job in self._running]
         self._index = self._runner.slots[: self._bucket].clone()
         self._batch = self._sampling.batch(slots, self._index)
+        self._set_length_due()
+
+    def _set_length_due(self) -> None:
         self._length_due = min(job.row.max_new_tokens - job.steps for job in self._running)
 
     def _step(self) -> None:
@@ -328,7 +331,8 @@ class ContinuousBatcher(Scheduler):
         self._out[index, generated.clamp(max=self._width - 1)] = tokens
         generated = (generated + 1).clamp(max=self._width - 1)
         self._generated[index] = generated
-        self._done[index] |= torch.isin(tokens, self._stop) | (generated >= self._max_new[index])
+        stopped = torch.isin(tokens, self._stop_ids)
+        self._done[index] |= stopped | (generated >= self._max_new[index])
         runner.advance(self._bucket, tokens)
         for job in self._running:
             job.steps += 1
@@ -355,7 +359,7 @@ class ContinuousBatcher(Scheduler):
                 self._deliver(self._running[i], tokens, finished[i])
         keep = [i for i, f in enumerate(finished) if not f]
         if len(keep) == len(self._running):
-            self._length_due = min(j.row.max_new_tokens - j.steps for j in self._running)
+            self._set_length_due()
             return
         self._free.extend(self._running[i].slot for i in range(len(self._running)) if finished[i])
         self._running = [self._running[i] for i in keep]
@@ -366,9 +370,7 @@ class ContinuousBatcher(Scheduler):
             self._runner.clear()
 
     def _deliver(self, job: Job, tokens: list[int], finished: bool) -> None:
-        tokens = tokens[: min(job.steps, job.row.max_new_tokens)]
-        cut = next((i for i, t in enumerate(tokens) if t in self._stop_host), None)
-        visible = tokens if cut is None else tokens[:cut]
+        visible, finish = cut_at_stop(tokens[: min(job.steps, job.row.max_new_tokens)], self._stop)
         if job.emit is not None and len(visible) > job.sent:
             try:
                 job.emit(visible[job.sent :])
@@ -376,14 +378,14 @@ class ContinuousBatcher(Scheduler):
                 logger.exception("stream listener failed")
             job.sent = len(visible)
         if finished:
-            self._finish(job, self._result(visible, "length" if cut is None else "stop"))
+            self._finish(job, self._result(visible, finish))
 
-    def _reset(self, error: BaseException) -> None:
+    def _reset(self, error: BaseException, *, log: bool = True) -> None:
         """Fail every running row and empty the batch."""
         jobs, self._running = self._running, []
         self._free.extend(job.slot for job in jobs)
         self._runner.clear()
-        self._fail(jobs, error)
+        self._fail(jobs, error, log=log)
 
 
 class GenerateBatcher(Scheduler):
@@ -410,7 +412,8 @@ class GenerateBatcher(Scheduler):
             if not self._waiting:
                 continue
             if self._waiting[0].emit is not None:
-                self._run_stream(self._pop_waiting(1)[0])
+                for job in self._pop_waiting(1):  # none when its request gave up
+                    self._run_stream(job)
                 continue
             count = 0
             while count < min(self._max_rows, len(self._waiting)):

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 from .errors import ConfigurationError, GenerationFailed, OutOfMemory, ServiceError
-from .generation import FinishReason, GenerationResult, GenerationRow, SamplingParams
+from .generation import FinishReason, GenerationResult, GenerationRow, SamplingParams, cut_at_stop
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -359,13 +359,9 @@ def map_error(error: BaseException, rows: int) -> BaseException:
 
 def make_result(tokenizer: Any, tokens: Sequence[int], stop_ids: set[int]) -> GenerationResult:
     """Cut ``tokens`` at the first stop token and decode them without special tokens."""
-    finish: FinishReason = "length"
-    for position, token in enumerate(tokens):
-        if token in stop_ids:
-            tokens, finish = tokens[:position], "stop"
-            break
-    text = tokenizer.decode(list(tokens), skip_special_tokens=True)
-    return GenerationResult(text=text, token_ids=tuple(tokens), finish_reason=finish)
+    kept, finish = cut_at_stop(tokens, stop_ids)
+    text = tokenizer.decode(kept, skip_special_tokens=True)
+    return GenerationResult(text=text, token_ids=tuple(kept), finish_reason=finish)
 
 
 def _load_kwargs(plan: LoadPlan) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from hymt_serve.fast_attention import TRITON_KERNEL, kernel_name, num_splits
 from hymt_serve.fast_forward import ModelShape, extract_weights
 from hymt_serve.fast_runner import DecodeRunner
 from hymt_serve.fast_sampling import RowSampling, record_tokens, sample_next
-from hymt_serve.generation import FinishReason, GenerationRow
+from hymt_serve.generation import FinishReason, GenerationRow, cut_at_stop
 
 SYNC_EVERY = 8
 PREFILL_TOKENS = 16384
@@ -318,9 +318,7 @@ class _DecodeLoop:
 def _finish(
     tokens: Tensor, rows: Sequence[GenerationRow], stop_ids: set[int]
 ) -> list[tuple[list[int], FinishReason]]:
-    results: list[tuple[list[int], FinishReason]] = []
-    for row, generated in zip(rows, tokens.tolist(), strict=True):
-        generated = generated[: row.max_new_tokens]
-        cut = next((i for i, t in enumerate(generated) if t in stop_ids), None)
-        results.append((generated, "length") if cut is None else (generated[:cut], "stop"))
-    return results
+    return [
+        cut_at_stop(generated[: row.max_new_tokens], stop_ids)
+        for row, generated in zip(rows, tokens.tolist(), strict=True)
+    ]

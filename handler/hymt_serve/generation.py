@@ -7,10 +7,19 @@ the same order.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 FinishReason = Literal["stop", "length"]
+
+
+def cut_at_stop(tokens: Sequence[int], stop_ids: Collection[int]) -> tuple[list[int], FinishReason]:
+    """``tokens`` up to (without) the first stop token: "stop" if there is one, else "length"."""
+    for position, token in enumerate(tokens):
+        if token in stop_ids:
+            return list(tokens[:position]), "stop"
+    return list(tokens), "length"
 
 
 @dataclass(frozen=True)

@@ -231,3 +231,29 @@ def test_generate_batcher_batches_what_waits_and_streams_alone() -> None:
         gate.set()
         batcher.close()
     assert calls == [1, 3, 2, -1] and streamed == [[9]]
+
+
+def test_generate_batcher_skips_a_cancelled_stream() -> None:
+    gate = threading.Event()
+
+    def generate(rows: Sequence[GenerationRow]) -> list[GenerationResult]:
+        gate.wait()
+        return [result(list(row.prompt_ids), "length") for row in rows]
+
+    def stream(row: GenerationRow, emit: object) -> GenerationResult:
+        raise AssertionError("a cancelled stream must not run")
+
+    batcher = GenerateBatcher(generate, stream, max_rows=3, max_waiting=100, on_error=as_error)
+    batcher.start()
+    try:
+        first = batcher.submit(GenerationRow((1,), 1))
+        wait_for(lambda: batcher.describe()["waiting"] == 0)
+        dropped = batcher.submit(GenerationRow((2,), 1), emit=lambda ids: None)
+        assert dropped.cancel()
+        after = batcher.submit(GenerationRow((3,), 1))
+        gate.set()
+        assert first.result(timeout=10).token_ids == (1,)
+        assert after.result(timeout=10).token_ids == (3,)
+    finally:
+        gate.set()
+        batcher.close()
