@@ -21,6 +21,7 @@ import datetime
 import json
 import random
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -39,21 +40,19 @@ from hymt_serve.prompts import build_prompt
 from hymt_serve.tiny_model import build_tiny_model, default_tokenizer_dir, random_7b_model
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "loadtest/serving"))
+from run_bench import length_rule_jobs  # noqa: E402
+
 STOP_ID = 127960
 
 
 def sentence_rows(tokenizer: Any, cap: int) -> list[GenerationRow]:
-    """The load test's segments under 300 characters, templated, with fixed output lengths."""
+    """The serving benchmark's jobs (``run_bench.length_rule_jobs``), templated and tokenised."""
     rows = []
-    for line in (REPO / "loadtest/data/segments.jsonl").read_text().splitlines():
-        item = json.loads(line)
-        if len(item["text"]) >= 300:
-            continue
+    for item, new in length_rule_jobs(tokenizer, cap):
         source, target = lookup(item["source_lang"]), lookup(item["target_lang"])
         assert target is not None, item["target_lang"]
         prompt, _ = build_prompt(item["text"], source, target)
-        n_in = len(tokenizer(item["text"], add_special_tokens=False)["input_ids"])
-        new = max(8, min(cap, round(1.2 * n_in)))
         rows.append(GenerationRow(tuple(encode_user_turn(tokenizer, prompt)), new))
     return rows
 

@@ -59,7 +59,12 @@ def sentence_jobs(model_dir: Path, cap: int) -> list[tuple[dict[str, Any], int]]
     """The load test's sentence mix (segments under 300 characters) with fixed lengths."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return length_rule_jobs(AutoTokenizer.from_pretrained(model_dir), cap)
+
+
+def length_rule_jobs(tokenizer: Any, cap: int) -> list[tuple[dict[str, Any], int]]:
+    """Each segment under 300 characters with its output length: 1.2 x its source tokens,
+    at least 8, at most ``cap`` (random weights never choose EOS, so every system does this)."""
     jobs = []
     for line in (REPO / "loadtest/data/segments.jsonl").read_text().splitlines():
         row = json.loads(line)
