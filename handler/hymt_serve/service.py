@@ -179,13 +179,8 @@ class TranslationService:
         """The boundary: an engine failure becomes the ServiceError of the requests it served."""
         try:
             return run()
-        except ServiceError as error:
-            return error
         except Exception as exc:
-            logger.exception("generation failed")
-            return GenerationFailed(
-                f"generation failed: {type(exc).__name__}", allowed="retry the request"
-            )
+            return _as_failure(exc)
 
     def _chunked(self, rows: Sequence[GenerationRow]) -> Callable[[], list[GenerationResult]]:
         def run() -> list[GenerationResult]:
@@ -257,15 +252,9 @@ class TranslationService:
                 submitted = self.engine.submit(row, emit if stream else None)
                 futures.append(asyncio.wrap_future(submitted, loop=loop))
             results = await asyncio.gather(*futures)
-        except ServiceError as error:
-            _cancel(futures)
-            return error
         except Exception as exc:
             _cancel(futures)
-            logger.exception("generation failed")
-            return GenerationFailed(
-                f"generation failed: {type(exc).__name__}", allowed="retry the request"
-            )
+            return _as_failure(exc)
         if stream and sink is not None:
             tail = decoder.finish(results[0].text)
             if tail:
@@ -297,6 +286,15 @@ class TranslationService:
             )
             replies.append(Reply(200, body, outcome.request.stream))
         return replies
+
+
+def _as_failure(exc: Exception) -> ServiceError:
+    """The boundary's translation: a ServiceError stays itself; anything else is logged and
+    becomes 500 generation_failed (its details stay in the log)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    logger.error("generation failed", exc_info=exc)
+    return GenerationFailed(f"generation failed: {type(exc).__name__}", allowed="retry the request")
 
 
 async def _done(outcome: ServiceError) -> Generated:
