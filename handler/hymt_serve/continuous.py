@@ -5,9 +5,11 @@ arrives; the handler submits its rows here and awaits their futures. One thread 
 
 - :class:`ContinuousBatcher` (the fast engine): rows join the running batch between decode steps
   (prefill into a free KV-cache slot, first token sampled) and leave it when they finish, so a
-  short translation never waits for a long one and a free slot is refilled at once. The host
-  reads back which rows finished every ``SYNC_EVERY`` steps, or at once when a row reaches its
-  length; streaming rows get their new tokens at those read-backs.
+  short translation never waits for a long one and a free slot is refilled at once. Which rows
+  finished is read back every ``SYNC_EVERY`` steps, or at once when a row reaches its length;
+  streaming rows get their new tokens at those read-backs. Read-backs are asynchronous (the
+  host queues up to ``LOOKAHEAD`` more steps before it waits for one) and admitting a row never
+  waits for the GPU, so the GPU is not left idle while the host does its bookkeeping.
 - :class:`GenerateBatcher` (transformers ``generate``): whatever waits is generated together,
   up to ``max_batch_rows``; streams run one at a time.
 
@@ -32,7 +34,8 @@ import torch
 from torch import Tensor
 
 from .errors import Overloaded
-from .fast_engine import PREFILL_TOKENS, SYNC_EVERY, FastGenerator
+from .fast_engine import LOOKAHEAD, PREFILL_TOKENS, SYNC_EVERY, FastGenerator
+from .fast_forward import to_device
 from .fast_sampling import SlotSampling, record_tokens, sample_next
 from .generation import FinishReason, GenerationResult, GenerationRow, cut_at_stop
 
@@ -60,6 +63,25 @@ class Job:
     slot: int = -1
     steps: int = 0  # tokens generated so far (host count)
     sent: int = 0  # tokens already passed to ``emit``
+
+
+@dataclass(eq=False)
+class Readback:
+    """A snapshot of the running rows' progress on its way to the host."""
+
+    jobs: list[Job]
+    done: Tensor  # [rows] bool
+    generated: Tensor  # [rows] tokens generated at the snapshot
+    out: Tensor  # [rows, widest] the tokens
+    event: torch.cuda.Event | None  # None on the CPU: the copies are already done
+    steps_after: int = 0  # decode steps queued since
+
+    def ready(self) -> bool:
+        return self.event is None or bool(self.event.query())  # type: ignore[no-untyped-call]
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
 
 
 class Scheduler:
@@ -197,12 +219,16 @@ class ContinuousBatcher(Scheduler):
         self._stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.int64, device=device)
         self._stop = set(stop_ids)
         self._running: list[Job] = []
+        self._readback: Readback | None = None
         self._bucket = 0
         self._since_sync = 0
         self._length_due = 0  # steps until the first running row reaches its length
+        self._all_due = 0  # steps until every running row has reached its length
         self.stats.update({"steps": 0, "row_steps": 0, "prefills": 0, "prefill_rows": 0})
-        # Host seconds spent admitting (prefill included), stepping and reading back.
-        self.stats.update({"admit_s": 0.0, "step_s": 0.0, "sync_s": 0.0})
+        self.stats.update({"readbacks": 0, "readback_waits": 0})
+        # Host seconds spent admitting (prefill included), stepping and collecting read-backs.
+        # (prefill_s: the part of admit_s spent in the prefill call itself.)
+        self.stats.update({"admit_s": 0.0, "prefill_s": 0.0, "step_s": 0.0, "sync_s": 0.0})
 
     def describe(self) -> dict[str, object]:
         steps = self.stats["steps"]
@@ -225,15 +251,17 @@ class ContinuousBatcher(Scheduler):
         with torch.inference_mode():
             while not self._closed.is_set():
                 self._take(block=not self._running and not self._waiting)
-                if self._waiting and self._free and self._admit_now():
-                    started = time.perf_counter()
-                    self._admit()
-                    self.stats["admit_s"] += time.perf_counter() - started
-                if self._running:
-                    try:
+                try:
+                    if self._readback is not None:
+                        self._collect()
+                    if self._waiting and self._free and self._admit_now():
+                        started = time.perf_counter()
+                        self._admit()
+                        self.stats["admit_s"] += time.perf_counter() - started
+                    if self._running:
                         self._step()
-                    except Exception as error:  # the running rows fail, the thread goes on
-                        self._reset(error)
+                except Exception as error:  # the running rows fail, the thread goes on
+                    self._reset(error)
             self._reset(RuntimeError("the scheduler stopped"), log=False)
 
     def _admit_now(self) -> bool:
@@ -245,10 +273,10 @@ class ContinuousBatcher(Scheduler):
 
     def _admit(self) -> None:
         """Prefill waiting rows into free slots and add them to the running batch."""
-        longest, count = 0, 0
+        packed, count = 0, 0
         for job in list(self._waiting)[: len(self._free)]:
-            longest = max(longest, len(job.row.prompt_ids))
-            if count and longest * (count + 1) > PREFILL_TOKENS:
+            packed += len(job.row.prompt_ids)
+            if count and packed > PREFILL_TOKENS:
                 break
             count += 1
         jobs = self._pop_waiting(count)
@@ -263,8 +291,8 @@ class ContinuousBatcher(Scheduler):
             if not jobs:
                 return
         runner, count = self._runner, len(self._running)
-        slots = torch.tensor([job.slot for job in jobs], device=self._device)
-        lengths = torch.tensor([len(job.row.prompt_ids) for job in jobs], device=self._device)
+        slots = to_device([job.slot for job in jobs], torch.int64, self._device)
+        lengths = to_device([len(job.row.prompt_ids) for job in jobs], torch.int64, self._device)
         self._bucket = runner.load(
             torch.cat([runner.tokens[:count], tokens]),
             torch.cat([runner.positions[:count], lengths]),
@@ -291,13 +319,15 @@ class ContinuousBatcher(Scheduler):
         if self._before_prefill is not None:
             self._before_prefill(rows)
         slot_list = [job.slot for job in jobs]
-        slots = torch.tensor(slot_list, device=self._device)
+        slots = to_device(slot_list, torch.int64, self._device)
         self._sampling.assign(slot_list, rows)
+        started = time.perf_counter()
         logits = self._generator.prefill([row.prompt_ids for row in rows], slot_list)
+        self.stats["prefill_s"] += time.perf_counter() - started
         batch = self._sampling.batch(slot_list, slots)
         tokens = sample_next(logits, batch, slots)
         record_tokens(batch, slots, tokens)
-        max_new = torch.tensor([row.max_new_tokens for row in rows], device=self._device)
+        max_new = to_device([row.max_new_tokens for row in rows], torch.int64, self._device)
         self._out[slots, 0] = tokens
         self._generated[slots] = 1
         self._max_new[slots] = max_new
@@ -313,15 +343,10 @@ class ContinuousBatcher(Scheduler):
         self._set_length_due()
 
     def _set_length_due(self) -> None:
-        self._length_due = min(job.row.max_new_tokens - job.steps for job in self._running)
+        remaining = [job.row.max_new_tokens - job.steps for job in self._running]
+        self._length_due, self._all_due = min(remaining), max(remaining)
 
     def _step(self) -> None:
-        if self._length_due <= 0 or self._since_sync >= SYNC_EVERY:
-            started = time.perf_counter()
-            self._sync()
-            self.stats["sync_s"] += time.perf_counter() - started
-            if not self._running:
-                return
         started = time.perf_counter()
         runner, index = self._runner, self._index
         logits = runner.step(self._bucket)
@@ -337,40 +362,73 @@ class ContinuousBatcher(Scheduler):
         for job in self._running:
             job.steps += 1
         self._length_due -= 1
+        self._all_due -= 1
         self._since_sync += 1
         self.stats["steps"] += 1
         self.stats["row_steps"] += len(self._running)
+        if self._readback is not None:
+            self._readback.steps_after += 1
+        elif self._length_due <= 0 or self._since_sync >= SYNC_EVERY:
+            self._start_readback()
         self.stats["step_s"] += time.perf_counter() - started
 
-    def _sync(self) -> None:
-        """Read back finished rows and stream progress; compact the batch to the rest."""
+    def _start_readback(self) -> None:
+        """Queue copies of the running rows' progress to the host, behind the queued steps."""
         self._since_sync = 0
-        slots = torch.tensor([job.slot for job in self._running], device=self._device)
-        done = self._done[slots].tolist()
-        finished = [
-            d or job.steps >= job.row.max_new_tokens
-            for d, job in zip(done, self._running, strict=True)
-        ]
-        readback = [i for i, job in enumerate(self._running) if finished[i] or job.emit]
-        if readback:
-            widest = max(self._running[i].steps for i in readback)
-            rows = self._out[slots[readback], :widest].tolist()
-            for i, tokens in zip(readback, rows, strict=True):
-                self._deliver(self._running[i], tokens, finished[i])
-        keep = [i for i, f in enumerate(finished) if not f]
-        if len(keep) == len(self._running):
+        jobs = list(self._running)
+        index = self._index[: len(jobs)]
+        widest = max(job.steps for job in jobs)
+        snapshot = (self._done[index], self._generated[index], self._out[index, :widest])
+        done, generated, out = (t.to("cpu", non_blocking=True) for t in snapshot)
+        event = None
+        if self._device.type == "cuda":
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+        self._readback = Readback(jobs, done, generated, out, event)
+        self.stats["readbacks"] += 1
+
+    def _collect(self) -> None:
+        """Deliver what the pending read-back shows once it has arrived (waiting for it only
+        when the host is ``LOOKAHEAD`` steps past it); finished rows leave the batch."""
+        readback = self._readback
+        assert readback is not None
+        if not readback.ready():
+            # More steps help nobody once every row has its length: wait at once then.
+            if readback.steps_after < LOOKAHEAD and self._all_due > 0:
+                return
+            self.stats["readback_waits"] += 1
+        started = time.perf_counter()
+        readback.wait()
+        self._readback = None
+        done, generated = readback.done.tolist(), readback.generated.tolist()
+        finished: set[int] = set()
+        for i, job in enumerate(readback.jobs):
+            if done[i] or job.emit is not None:
+                count = min(generated[i], job.row.max_new_tokens)
+                self._deliver(job, readback.out[i, :count].tolist(), done[i])
+            if done[i]:
+                finished.add(id(job))
+        if finished:
+            self._remove(finished)
+        if self._running:
             self._set_length_due()
-            return
-        self._free.extend(self._running[i].slot for i in range(len(self._running)) if finished[i])
+            if self._length_due <= 0:  # a row reached its length after the snapshot
+                self._start_readback()
+        self.stats["sync_s"] += time.perf_counter() - started
+
+    def _remove(self, finished: set[int]) -> None:
+        """Free the finished rows' slots and compact the batch to the others."""
+        keep = [i for i, job in enumerate(self._running) if id(job) not in finished]
+        self._free.extend(job.slot for job in self._running if id(job) in finished)
         self._running = [self._running[i] for i in keep]
         if self._running:
-            self._bucket = self._runner.compact(torch.tensor(keep, device=self._device))
+            self._bucket = self._runner.compact(to_device(keep, torch.int64, self._device))
             self._membership_changed()
         else:
             self._runner.clear()
 
     def _deliver(self, job: Job, tokens: list[int], finished: bool) -> None:
-        visible, finish = cut_at_stop(tokens[: min(job.steps, job.row.max_new_tokens)], self._stop)
+        visible, finish = cut_at_stop(tokens, self._stop)
         if job.emit is not None and len(visible) > job.sent:
             try:
                 job.emit(visible[job.sent :])
@@ -383,6 +441,7 @@ class ContinuousBatcher(Scheduler):
     def _reset(self, error: BaseException, *, log: bool = True) -> None:
         """Fail every running row and empty the batch."""
         jobs, self._running = self._running, []
+        self._readback = None
         self._free.extend(job.slot for job in jobs)
         self._runner.clear()
         self._fail(jobs, error, log=log)

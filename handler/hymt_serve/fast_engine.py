@@ -21,12 +21,18 @@ from torch import Tensor, nn
 
 from hymt_serve.fast_attention import TRITON_KERNEL, kernel_name, num_splits
 from hymt_serve.fast_forward import ModelShape, extract_weights
-from hymt_serve.fast_runner import DecodeRunner
+from hymt_serve.fast_runner import PREFILL_BUCKETS, DecodeRunner
 from hymt_serve.fast_sampling import RowSampling, record_tokens, sample_next
 from hymt_serve.generation import FinishReason, GenerationRow, cut_at_stop
 
 SYNC_EVERY = 8
-PREFILL_TOKENS = 16384
+# Decode steps the host may queue past a read-back before it waits for it (continuous batching).
+LOOKAHEAD = 2
+# Cache positions past max_seq_len: a finished row keeps stepping until the host learns that it
+# finished (at most SYNC_EVERY steps, plus LOOKAHEAD twice when read-backs are pipelined).
+STEP_HEADROOM = 16
+assert SYNC_EVERY + 2 * LOOKAHEAD < STEP_HEADROOM
+PREFILL_TOKENS = PREFILL_BUCKETS[-1]
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -123,7 +129,7 @@ class FastGenerator:
                 extract_weights(model),
                 shape,
                 max_batch_size=max_batch_size,
-                cache_len=max_seq_len + SYNC_EVERY,
+                cache_len=max_seq_len + STEP_HEADROOM,
             )
             if graphs:
                 runner.capture(compile_=graphs if compile_model is None else compile_model)
@@ -216,25 +222,21 @@ class FastGenerator:
     def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
         """Fill the cache ``slots`` with ``prompts``; logits after each prompt ``[B, V]``.
 
-        Runs in groups of at most ``PREFILL_TOKENS`` padded tokens. Call in inference mode.
+        Runs in groups of at most ``PREFILL_TOKENS`` packed tokens (a longer prompt alone).
+        Call in inference mode; does not wait for the device. The logits of a single group
+        may live in the runner's prefill buffer: use them before the next prefill.
         """
-        longest = max(len(p) for p in prompts)
-        group = max(1, PREFILL_TOKENS // longest)
-        parts = [
-            self._prefill_group(prompts[i : i + group], slots[i : i + group])
-            for i in range(0, len(prompts), group)
-        ]
-        return torch.cat(parts)
-
-    def _prefill_group(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
-        longest = max(len(p) for p in prompts)
-        ids = torch.zeros(len(prompts), longest, dtype=torch.int64)
-        for i, prompt in enumerate(prompts):
-            ids[i, : len(prompt)] = torch.tensor(prompt)
-        lengths = torch.tensor([len(p) for p in prompts])
-        device = self._runner.tokens.device
-        return self._runner.prefill(
-            ids.to(device), lengths.to(device), torch.tensor(list(slots), device=device)
+        groups, start, tokens = [], 0, 0
+        for end, prompt in enumerate(prompts):
+            if end > start and tokens + len(prompt) > PREFILL_TOKENS:
+                groups.append((start, end))
+                start, tokens = end, 0
+            tokens += len(prompt)
+        groups.append((start, len(prompts)))
+        if len(groups) == 1:
+            return self._runner.prefill(prompts, slots)
+        return torch.cat(
+            [self._runner.prefill(prompts[a:b], slots[a:b]).clone() for a, b in groups]
         )
 
     def _generate_chunk(self, rows: Sequence[GenerationRow], stop_ids: Collection[int]) -> Tensor:

@@ -14,7 +14,7 @@ the compiled code (:mod:`hymt_serve.fast_attention`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,31 +237,116 @@ def decode_forward(
     return fns.last(attn, residual, weights.final_norm, weights.lm_head, *weights.layers[-1])
 
 
+def packed_layout(
+    prompts: Sequence[Sequence[int]],
+    slots: Sequence[int],
+    *,
+    tokens: int,
+    rows: int,
+    scratch_slot: int,
+) -> list[int]:
+    """The prefill's inputs as one host list: ids, positions, cache slots and sequence numbers
+    of the packed tokens (``tokens`` long each: prompts end to end, then padding that writes to
+    ``scratch_slot`` and attends only to padding), then each prompt's last packed index
+    (``rows`` long, padded with 0)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    token_slots: list[int] = []
+    sequence: list[int] = []
+    last: list[int] = []
+    for row, (prompt, slot) in enumerate(zip(prompts, slots, strict=True)):
+        ids.extend(prompt)
+        positions.extend(range(len(prompt)))
+        token_slots.extend([slot] * len(prompt))
+        sequence.extend([row] * len(prompt))
+        last.append(len(ids) - 1)
+    pad, pad_rows = tokens - len(ids), rows - len(last)
+    if pad < 0 or pad_rows < 0:
+        raise ValueError(f"{len(ids)} tokens in {len(last)} rows exceed {tokens} and {rows}")
+    return (
+        ids + [0] * pad
+        + positions + [0] * pad
+        + token_slots + [scratch_slot] * pad
+        + sequence + [-1] * pad
+        + last + [0] * pad_rows
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PackedPrompts:
+    """The device side of :func:`packed_layout`: views of one flat int64 tensor."""
+
+    ids: Tensor  # [N]
+    positions: Tensor  # [N]
+    token_slots: Tensor  # [N]
+    sequence: Tensor  # [N] which prompt each token belongs to (-1: padding)
+    last: Tensor  # [R] packed index of each prompt's last token
+
+    @classmethod
+    def view(cls, flat: Tensor, tokens: int, rows: int) -> PackedPrompts:
+        ids, positions, slots, sequence, last = flat[: 4 * tokens + rows].split(
+            [tokens, tokens, tokens, tokens, rows]
+        )
+        return cls(ids, positions, slots, sequence, last)
+
+
+def to_device(
+    values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """A host list as a device tensor without waiting for the device: ``torch.tensor(values,
+    device=cuda)`` copies from pageable memory and synchronises the stream; a pinned copy does
+    not (the caching host allocator keeps the buffer until the copy is done)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def packed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Causal attention within each packed prompt: q ``[N, H, D]``, k/v ``[N, KVH, D]``,
+    ``mask [N, N]`` (True where a query may see a key) -> ``[N, H, D]``. Its shapes depend on
+    N only, so one CUDA graph serves any mix of prompts that fills N tokens."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
+    return out[0].transpose(0, 1)
+
+
 def prefill_forward(
     weights: ModelWeights,
     shape: ModelShape,
+    fns: StepFunctions,
     rope: tuple[Tensor, Tensor],
     caches: tuple[list[Tensor], list[Tensor]],
-    ids: Tensor,
-    lengths: Tensor,
-    slots: Tensor,
+    batch: PackedPrompts,
 ) -> Tensor:
-    """Right-padded prompts ``[B, T]`` -> logits at each row's last token ``[B, V]``.
+    """Packed prompts -> logits after each prompt's last token ``[R, V]``.
 
-    Fills cache positions ``0..T-1`` of each slot; positions past a row's length hold padding
-    that decode attention never reads and later steps overwrite. With right padding a causal
-    mask alone is exact for every real token.
+    The per-token work (norms, projections, RoPE, MLP) runs on the packed tokens through the
+    decode step's own functions (compiled when the decode step is: their batch dimension is
+    dynamic), so a layer is a handful of kernels and no compute goes to padding between
+    prompts. K/V go straight from the packed tokens into the slots' caches. The last layer's
+    MLP and the LM head run for the last tokens only.
     """
-    rows, length = ids.shape
-    cos = rope[0][:length].repeat(rows, 1)
-    sin = rope[1][:length].repeat(rows, 1)
-    x = F.embedding(ids.flatten(), weights.embed)
-    for i, lw in enumerate(weights.layers):
-        q, k, v = qkv_step(x, lw, cos, sin, shape)
-        q, k, v = (t.view(rows, length, -1, shape.head_dim).transpose(1, 2) for t in (q, k, v))
-        caches[0][i][slots, :, :length] = k
-        caches[1][i][slots, :, :length] = v
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = output_step(attn.transpose(1, 2).reshape(rows * length, -1), x, lw, shape.eps)
-    last = x.view(rows, length, -1)[torch.arange(rows, device=ids.device), lengths - 1]
-    return logits_step(last, weights.final_norm, weights.lm_head, shape)
+    cos, sin = rope[0][batch.positions], rope[1][batch.positions]
+    same = batch.sequence[:, None] == batch.sequence[None, :]
+    mask = same & (batch.positions[None, :] <= batch.positions[:, None])
+    x = F.embedding(batch.ids, weights.embed)
+    q, k, v, residual = fns.first(x, cos, sin, *weights.layers[0])
+    for i in range(shape.layers):
+        caches[0][i][batch.token_slots, :, batch.positions] = k
+        caches[1][i][batch.token_slots, :, batch.positions] = v
+        attn = packed_attention(q, k, v, mask)
+        if i + 1 == shape.layers:
+            break
+        q, k, v, residual = fns.middle(
+            attn, residual, cos, sin, *weights.layers[i], *weights.layers[i + 1]
+        )
+    return fns.last(
+        attn[batch.last],
+        residual[batch.last],
+        weights.final_norm,
+        weights.lm_head,
+        *weights.layers[-1],
+    )

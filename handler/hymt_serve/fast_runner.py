@@ -3,12 +3,17 @@
 Rows live in cache *slots*; a batch position holds (token, position, slot). Rows that leave
 the batch are dropped by compacting these three small vectors, so no KV data moves. Padding
 positions of a bucket point at a scratch slot (the last one) and are never read back.
+
+Prefills are captured too, one graph per packed-token bucket (``PREFILL_BUCKETS``): any mix of
+prompts that fits N tokens replays the N graph, so admitting rows costs the host one copy and
+one replay instead of hundreds of kernel launches. Longer prefills run eagerly.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -16,15 +21,19 @@ from torch import Tensor
 from hymt_serve.fast_forward import (
     ModelShape,
     ModelWeights,
+    PackedPrompts,
     decode_forward,
     make_step_functions,
+    packed_layout,
     prefill_forward,
     rope_tables,
+    to_device,
 )
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+PREFILL_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024)
 
 
 def bucket_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -55,6 +64,13 @@ class DecodeRunner:
         self.slots = torch.full_like(self.tokens, self.scratch_slot)
         self.fns = make_step_functions(shape, compile_=False)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        # Prefill graphs: inputs go to one flat buffer (laid out per bucket, see packed_layout),
+        # logits of up to max_batch_size prompts come out in one buffer shared by all buckets.
+        self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.prefill_inputs = torch.zeros(
+            4 * PREFILL_BUCKETS[-1] + max_batch_size, dtype=torch.int64, device=device
+        )
+        self.prefill_logits: Tensor | None = None
         self.compiled = False
         self.timings: dict[str, float] = {}
 
@@ -66,11 +82,42 @@ class DecodeRunner:
         """The smallest bucket holding ``rows`` rows."""
         return next(b for b in self.buckets if b >= rows)
 
-    def prefill(self, ids: Tensor, lengths: Tensor, slots: Tensor) -> Tensor:
-        """Fill the slots' caches with right-padded prompts; logits at each last token."""
-        return prefill_forward(
-            self.weights, self.shape, self.rope, self.caches, ids, lengths, slots
+    def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
+        """Fill the slots' caches with the prompts; logits at each last token ``[R, V]``.
+
+        Does not wait for the device (inputs go over with one asynchronous copy)."""
+        tokens, rows = sum(len(p) for p in prompts), len(prompts)
+        bucket = next((b for b in self.prefill_graphs if b >= tokens), None)
+        if bucket is None:
+            layout = packed_layout(
+                prompts, slots, tokens=tokens, rows=rows, scratch_slot=self.scratch_slot
+            )
+            flat = to_device(layout, torch.int64, self.tokens.device)
+            return self._prefill_forward(PackedPrompts.view(flat, tokens, rows))
+        width = self._prefill_rows(bucket)
+        layout = packed_layout(
+            prompts, slots, tokens=bucket, rows=width, scratch_slot=self.scratch_slot
         )
+        flat = torch.tensor(layout, dtype=torch.int64).pin_memory()
+        self.prefill_inputs[: len(layout)].copy_(flat, non_blocking=True)
+        self.prefill_graphs[bucket].replay()
+        assert self.prefill_logits is not None
+        return self.prefill_logits[:rows]
+
+    def _prefill_rows(self, bucket: int) -> int:
+        return min(bucket, self.max_batch_size)
+
+    def _idle_prefill_inputs(self, bucket: int) -> PackedPrompts:
+        """The bucket's view of the prefill inputs, set to padding only (scratch slot)."""
+        rows = self._prefill_rows(bucket)
+        self.prefill_inputs.zero_()
+        flat = self.prefill_inputs[: 4 * bucket + rows]
+        flat[2 * bucket : 3 * bucket].fill_(self.scratch_slot)
+        flat[3 * bucket : 4 * bucket].fill_(-1)
+        return PackedPrompts.view(flat, bucket, rows)
+
+    def _prefill_forward(self, batch: PackedPrompts) -> Tensor:
+        return prefill_forward(self.weights, self.shape, self.fns, self.rope, self.caches, batch)
 
     def load(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> int:
         """Put a batch in the step buffers, padded to its bucket; returns the bucket."""
@@ -134,7 +181,45 @@ class DecodeRunner:
             self.graphs[bucket] = (graph, logits)
         torch.cuda.synchronize()
         self.timings["capture_s"] = time.perf_counter() - start
-        logger.info("fast engine: graphs for buckets %s, timings %s", self.buckets, self.timings)
+        start = time.perf_counter()
+        try:
+            self._capture_prefill()
+        except Exception:  # eager prefills cost speed, not service
+            logger.exception("fast engine: prefill capture failed, prefills run eagerly")
+            self.prefill_graphs = {}
+        self.timings["prefill_capture_s"] = time.perf_counter() - start
+        logger.info(
+            "fast engine: graphs for decode buckets %s and prefill buckets %s, timings %s",
+            self.buckets,
+            tuple(self.prefill_graphs),
+            self.timings,
+        )
+
+    def _capture_prefill(self) -> None:
+        """One graph per prefill bucket (largest first, sharing one memory pool); the inputs
+        at warm-up and capture point every token at the scratch slot."""
+        self.prefill_logits = torch.zeros(
+            self.max_batch_size, self.shape.vocab, dtype=torch.float32, device=self.tokens.device
+        )
+        buckets = list(reversed(PREFILL_BUCKETS))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for bucket in buckets:
+                self._prefill_forward(self._idle_prefill_inputs(bucket))
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        pool = torch.cuda.graph_pool_handle()
+        graphs = {}
+        for bucket in buckets:
+            inputs = self._idle_prefill_inputs(bucket)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self._prefill_forward(inputs)
+                self.prefill_logits[: logits.shape[0]].copy_(logits)
+            graphs[bucket] = graph
+        torch.cuda.synchronize()
+        self.prefill_graphs = dict(sorted(graphs.items()))
 
     def _warm_up(self) -> None:
         """Run every bucket once on a side stream: compiles, loads kernels, settles allocations."""

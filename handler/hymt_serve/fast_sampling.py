@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hymt_serve.fast_forward import to_device
 from hymt_serve.generation import GenerationRow, SamplingParams
 
 
@@ -42,7 +43,7 @@ class RowSampling:
         top_ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in sampled]
 
         def column(values: list[float], dtype: torch.dtype) -> Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)
+            return to_device(values, dtype, device)
 
         penalty = [p.repetition_penalty if p else 1.0 for p in params]
         return cls(
@@ -77,7 +78,7 @@ class RowSampling:
 def _presence(rows: Sequence[GenerationRow], vocab: int, device: torch.device) -> Tensor:
     presence = torch.zeros(len(rows) + 1, vocab, dtype=torch.bool, device=device)
     for i, row in enumerate(rows):
-        presence[i, torch.tensor(row.prompt_ids, device=device)] = True
+        presence[i, to_device(row.prompt_ids, torch.int64, device)] = True
     return presence
 
 
@@ -135,7 +136,7 @@ class SlotSampling:
     def assign(self, slots: Sequence[int], rows: Sequence[GenerationRow]) -> None:
         """Give each slot the settings and prompt of its row."""
         settings = RowSampling.for_rows(rows, self.vocab, self.greedy.device)
-        index = torch.tensor(list(slots), device=self.greedy.device)
+        index = to_device(list(slots), torch.int64, self.greedy.device)
         count = len(rows)
         self.greedy[index] = settings.greedy[:count]
         self.temperature[index] = settings.temperature[:count]
