@@ -8,7 +8,10 @@ its next text from the previous one's completion callback, so no client thread c
 the engine for the GIL. Per user count it reports requests/s, output tokens/s, latency, decode
 steps/s, rows per step, texts per prefill and the engine thread's host seconds per wall second
 in admitting (prefill), stepping and reading back. ``--admit-wait-ms``/``--admit-rows`` sweep the
-admission policy. Writes ``engine.json`` and ``engine.md`` to ``--out``.
+admission policy. Writes ``engine.json`` and ``engine.md`` to ``--out``. ``--profile-users N``
+adds a profiled window at N users: the engine thread under cProfile (where its host time goes,
+``profile_host.txt``) and the GPU under torch.profiler (kernel time per wall second and the top
+kernels, ``profile_gpu.txt``).
 
     PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tokenizer TOKDIR --out DIR
     PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tiny --out DIR
@@ -17,8 +20,11 @@ admission policy. Writes ``engine.json`` and ``engine.md`` to ``--out``.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
+import io
 import json
+import pstats
 import random
 import statistics
 import sys
@@ -106,6 +112,69 @@ class ClosedLoop:
         self._submit()
 
 
+class ProfiledBatcher(ContinuousBatcher):
+    """The continuous batcher with a switch for cProfile on its own thread (cProfile only
+    follows the thread that enables it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.want_profile = False
+        self.profile: cProfile.Profile | None = None
+        self.profile_done = threading.Event()
+
+    def _step(self) -> None:
+        if self.want_profile and self.profile is None:
+            self.profile = cProfile.Profile()
+            self.profile.enable()
+        elif not self.want_profile and self.profile is not None and not self.profile_done.is_set():
+            self.profile.disable()
+            self.profile_done.set()
+        super()._step()
+
+
+def profile_window(
+    batcher: ProfiledBatcher, rows: list[GenerationRow], users: int, seconds: float, out: Path
+) -> dict[str, Any]:
+    """``seconds`` at ``users`` users with the engine thread under cProfile and the GPU under
+    torch.profiler; writes profile_host.txt and profile_gpu.txt, returns the summary."""
+    from torch.profiler import ProfilerActivity, profile
+
+    loop = ClosedLoop(batcher, rows, users)
+    time.sleep(2.0)  # reach the steady state first
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    batcher.want_profile = True  # first the engine thread alone under cProfile ...
+    time.sleep(seconds)
+    batcher.want_profile = False
+    batcher.profile_done.wait(60)
+    started = time.perf_counter()  # ... then the GPU under torch.profiler
+    with profile(activities=activities) as prof:
+        time.sleep(seconds)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - started
+    with loop.lock:
+        loop.running = False
+    loop.drained.wait(600)
+    text = io.StringIO()
+    assert batcher.profile is not None
+    stats = pstats.Stats(batcher.profile, stream=text)
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumulative").print_stats(45)
+    (out / "profile_host.txt").write_text(text.getvalue())
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events)
+    gpu_busy = kernel_us / 1e6 / elapsed
+    table = events.table(sort_by="self_device_time_total", row_limit=40)
+    table += "\n" + events.table(sort_by="self_cpu_time_total", row_limit=40)
+    (out / "profile_gpu.txt").write_text(
+        f"{users} users, {elapsed:.2f} s, GPU kernel time per wall second {gpu_busy:.3f}\n\n"
+        + table
+    )
+    return {"users": users, "seconds": round(elapsed, 2), "gpu_kernel_share": round(gpu_busy, 3)}
+
+
 def measure(
     batcher: ContinuousBatcher, rows: list[GenerationRow], users: int, duration: float
 ) -> dict[str, Any]:
@@ -130,10 +199,12 @@ def measure(
         else None,
         "errors": loop.errors,
         "steps_per_s": round(stats["steps"] / elapsed, 1),
+        "readback_waits_per_s": round(stats["readback_waits"] / elapsed, 1),
         "rows_per_step": round(stats["row_steps"] / steps, 1),
         "texts_per_prefill": round(stats["prefill_rows"] / max(1, stats["prefills"]), 1),
         "prefills_per_s": round(stats["prefills"] / elapsed, 1),
         "admit_host_share": round(stats["admit_s"] / elapsed, 3),
+        "prefill_host_share": round(stats["prefill_s"] / elapsed, 3),
         "step_host_share": round(stats["step_s"] / elapsed, 3),
         "sync_host_share": round(stats["sync_s"] / elapsed, 3),
     }
@@ -152,6 +223,8 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=512)
     parser.add_argument("--admit-rows", type=int, default=ADMIT_ROWS)
     parser.add_argument("--admit-wait-ms", type=float, default=ADMIT_WAIT_S * 1000)
+    parser.add_argument("--profile-users", type=int, default=0, help="0: no profiled window")
+    parser.add_argument("--profile-s", type=float, default=3.0)
     args = parser.parse_args()
     args.tokenizer = args.tokenizer or default_tokenizer_dir()
     if args.tiny:
@@ -160,7 +233,7 @@ def main() -> None:
     fast, tokenizer = build(args)
     rows = [r for r in sentence_rows(tokenizer, args.cap) if r.max_new_tokens < args.max_seq_len]
     rows = [r for r in rows if len(r.prompt_ids) + r.max_new_tokens <= args.max_seq_len]
-    batcher = ContinuousBatcher(
+    batcher = ProfiledBatcher(
         fast,
         [STOP_ID],
         lambda tokens, finish: GenerationResult("", tuple(tokens), finish),
@@ -175,6 +248,11 @@ def main() -> None:
     for count in users:
         results.append(measure(batcher, rows, count, args.duration))
         print(json.dumps(results[-1]), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    profiled = None
+    if args.profile_users:
+        profiled = profile_window(batcher, rows, args.profile_users, args.profile_s, args.out)
+        print(json.dumps({"profile": profiled}), flush=True)
     batcher.close()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.tiny else "CPU"
     report = {
@@ -183,8 +261,10 @@ def main() -> None:
         "settings": {k: str(v) for k, v in vars(args).items()},
         "texts": len(rows),
         "rows": results,
+        "profile": profiled,
+        "engine": fast.describe(),
+        "dynamo_counters": {k: dict(v) for k, v in torch._dynamo.utils.counters.items()},
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "engine.json").write_text(json.dumps(report, indent=2) + "\n")
     columns = list(results[0])
     table = ["| " + " | ".join(columns) + " |", "|" + " ---: |" * len(columns)]

@@ -25,6 +25,10 @@ def test_engine_benchmark_smoke(tmp_path: Path) -> None:
         "1,3",
         "--duration",
         "1",
+        "--profile-users",
+        "2",
+        "--profile-s",
+        "1",
     ]
     environ = {**os.environ, "PYTHONPATH": str(REPO / "handler")}
     subprocess.run(command, check=True, env=environ, timeout=600, capture_output=True)
@@ -33,3 +37,6 @@ def test_engine_benchmark_smoke(tmp_path: Path) -> None:
     for row in report["rows"]:
         assert row["requests_per_s"] > 0 and row["errors"] == 0 and row["steps_per_s"] > 0
     assert (tmp_path / "out/engine.md").read_text().startswith("# Continuous batcher alone")
+    assert report["profile"]["users"] == 2
+    assert "_step" in (tmp_path / "out/profile_host.txt").read_text()
+    assert "GPU kernel time" in (tmp_path / "out/profile_gpu.txt").read_text()
