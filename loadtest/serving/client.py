@@ -1,13 +1,16 @@
 """A closed-loop load client (standard library only, so it runs on a bare GPU machine).
 
 Each of ``users`` threads sends a request, waits for the answer, and sends the next, for a
-fixed time. Requests still running at the end are waited for (up to ``drain_s``) and counted
-with their real latency; requests/s counts completions over the whole time.
+fixed time. Requests still running at the end are waited for and counted with their real
+latency; requests/s counts completions over the whole time. With ``processes > 1`` the users
+are split over that many forked processes, so that the client's own Python (one interpreter
+lock per process) does not cap what a fast server can be shown to do.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import random
 import statistics
 import threading
@@ -64,10 +67,27 @@ def run_closed_loop(
     duration_s: float,
     timeout: float = 600.0,
     seed: int = 0,
+    processes: int = 1,
 ) -> dict[str, Any]:
     """Drive ``users`` closed-loop clients for ``duration_s``; summary statistics."""
+    started = time.monotonic()
+    stop_at = started + duration_s
+    processes = max(1, min(processes, users))
+    if processes == 1:
+        outcome = _run_users(make_job, range(users), stop_at, timeout, seed)
+    else:
+        outcome = _run_forked(make_job, users, stop_at, timeout, seed, processes)
+    return summarise(outcome, users, time.monotonic() - started)
+
+
+def _run_users(
+    make_job: Callable[[random.Random], Job],
+    indices: Sequence[int],
+    stop_at: float,
+    timeout: float,
+    seed: int,
+) -> Outcome:
     outcome = Outcome()
-    stop_at = time.monotonic() + duration_s
 
     def user(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
@@ -77,14 +97,47 @@ def run_closed_loop(
             tokens, error = send(job, timeout)
             outcome.add((time.perf_counter() - started) * 1000, tokens, error)
 
-    started = time.monotonic()
-    threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(users)]
+    threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in indices]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    elapsed = time.monotonic() - started
-    return summarise(outcome, users, elapsed)
+    return outcome
+
+
+def _run_forked(
+    make_job: Callable[[random.Random], Job],
+    users: int,
+    stop_at: float,
+    timeout: float,
+    seed: int,
+    processes: int,
+) -> Outcome:
+    """The users split over forked processes (fork: ``make_job`` may be a closure); each sends
+    back its latencies, tokens and errors."""
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+
+    def child(indices: Sequence[int]) -> None:
+        done = _run_users(make_job, indices, stop_at, timeout, seed)
+        results.put((done.latencies_ms, done.output_tokens, done.errors, done.error_samples))
+
+    workers = [
+        context.Process(target=child, args=(range(i, users, processes),), daemon=True)
+        for i in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    merged = Outcome()
+    for _ in workers:  # read before joining: a child blocks until its result is taken
+        latencies, tokens, errors, samples = results.get()
+        merged.latencies_ms.extend(latencies)
+        merged.output_tokens += tokens
+        merged.errors += errors
+        merged.error_samples.extend(samples[: 5 - len(merged.error_samples)])
+    for worker in workers:
+        worker.join()
+    return merged
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -119,14 +119,15 @@ def measure_levels(
     users: Sequence[int],
     duration: float,
     sampler: GpuSampler,
+    processes: int = 1,
 ) -> list[dict[str, Any]]:
     """One row per user count, labelled with ``labels`` (system, mode, gpus); each row is also
     printed as one JSON line (``report_from_logs`` rebuilds a report from those lines)."""
     rows = []
     for count in users:
         start = time.monotonic()
-        stats = run_closed_loop(make_job, count, duration)
-        stats.update(sampler.window(start, time.monotonic()), **labels)
+        stats = run_closed_loop(make_job, count, duration, processes=processes)
+        stats.update(sampler.window(start, time.monotonic()), **labels, client_processes=processes)
         print(json.dumps(stats), flush=True)
         rows.append(stats)
     return rows
@@ -193,7 +194,9 @@ def bench_torchserve(
         cold = wait_first_success(make_job(random.Random(0)), started)
         print(json.dumps({"cold_start": _cold_name(mode, gpus), "seconds": cold}), flush=True)
         labels = {"system": "torchserve", "mode": mode, "gpus": gpus}
-        rows = measure_levels(labels, make_job, args.users, args.duration, sampler)
+        rows = measure_levels(
+            labels, make_job, args.users, args.duration, sampler, args.client_processes
+        )
         (work / f"describe-{mode}-{gpus}.json").write_text(describe(server))
         return rows, cold
     finally:
@@ -243,7 +246,12 @@ def bench_naive(
         cold = wait_first_success(make_job(random.Random(0)), started)
         print(json.dumps({"cold_start": "naive", "seconds": cold}), flush=True)
         labels = {"system": "naive", "mode": "naive", "gpus": 1}
-        return measure_levels(labels, make_job, args.naive_users, args.duration, sampler), cold
+        return (
+            measure_levels(
+                labels, make_job, args.naive_users, args.duration, sampler, args.client_processes
+            ),
+            cold,
+        )
     finally:
         process.terminate()
         process.wait(60)
@@ -266,8 +274,10 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
         "gpu_util_pct",
         "gpu_mem_gb",
     ]
+    if any("machine" in r for r in result["rows"]):  # rows merged from several machines
+        columns.append("machine")
     head = "| " + " | ".join(columns) + " |\n| --- |" + " ---: |" * (len(columns) - 1) + "\n"
-    lines = ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in result["rows"]]
+    lines = ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in result["rows"]]
     cold = ", ".join(f"{k} {v} s" for k, v in result["cold_start_s"].items())
     text = (
         f"# Serving benchmark: {result['gpu']}, {result['date']}\n\n`{result['command']}`\n\n"
@@ -286,27 +296,33 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    systems = sorted({(r["system"], r.get("mode", ""), r["gpus"]) for r in rows})
-    for (name, mode, gpus), style in zip(systems, ("s--", "o-", "^-", "v-", "D-"), strict=False):
-        mine = [
-            r
-            for r in rows
-            if (r["system"], r.get("mode", ""), r["gpus"]) == (name, mode, gpus) and r["requests"]
-        ]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
+
+    def key(row: dict[str, Any]) -> tuple[str, str, int, str]:
+        return row["system"], row.get("mode", ""), row["gpus"], row.get("machine", "")
+
+    systems = sorted({key(r) for r in rows})
+    markers = ("s", "o", "^", "v", "D", "P")
+    for index, (name, mode, gpus, machine) in enumerate(systems):
+        mine = [r for r in rows if key(r) == (name, mode, gpus, machine) and r["requests"]]
         system = name if mode in ("", "naive") else f"{name} {mode}"
         system = system if gpus == 1 else f"{system} x{gpus} GPUs"
+        system = f"{system} ({machine})" if machine else system
+        color, marker = f"C{index}", markers[index % len(markers)]
         users = [r["users"] for r in mine]
-        left.plot(users, [r["requests_per_s"] for r in mine], style, label=system)
-        right.plot(users, [r["p50_ms"] for r in mine], style, label=f"{system} p50")
-        right.plot(users, [r["p95_ms"] for r in mine], style, alpha=0.5, label=f"{system} p95")
+        left.plot(users, [r["requests_per_s"] for r in mine], marker=marker, color=color,
+                  label=system)  # fmt: skip
+        right.plot(users, [r["p50_ms"] for r in mine], marker=marker, color=color,
+                   label=f"{system} p50")  # fmt: skip
+        right.plot(users, [r["p95_ms"] for r in mine], marker=marker, color=color,
+                   linestyle=":", alpha=0.6, label=f"{system} p95")  # fmt: skip
     for axis, label in ((left, "requests/s"), (right, "latency ms")):
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         axis.set_xlabel("concurrent users")
         axis.set_ylabel(label)
         axis.grid(True, which="both", alpha=0.3)
-        axis.legend()
+        axis.legend(fontsize=7, loc="upper left")
     fig.suptitle("Hunyuan-MT 7B-shaped model: TorchServe deployment vs naive Flask server")
     fig.tight_layout()
     fig.savefig(out / "serving.png", dpi=110)
@@ -337,6 +353,12 @@ def main() -> None:
         type=lambda s: s.split(","),
         default=["continuous"],
         help="TorchServe modes to run: continuous (the GPU profile), batch (TorchServe batching)",
+    )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="split the users over this many client processes (for servers past ~400 req/s)",
     )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batch-delay", type=int, default=5)
