@@ -1,16 +1,17 @@
-"""Rebuild benchmarks/serving/results.{json,md} and serving.png from the two raw runs in raw/.
+"""Rebuild benchmarks/serving/results.{json,md}, serving.png and engine.md from the raw runs.
 
-Both runs were made with ``loadtest/serving/run_bench.py`` on 2026-11-29, on the same kind of
-H200 and the same saved 7B-shaped model; this script only relabels and merges their rows:
+All runs were made on 2026-11-29 with the 7B-shaped random-weight model; this script only
+labels and merges their rows, it measures nothing:
 
-- ``raw/x2-machine-bench.log`` (the two-H200 machine, one command): TorchServe continuous mode
-  on 1 GPU, on 2 GPUs (one worker each), and batch mode on 1 GPU, 1-256 users, 8 s per level.
-  Its rows were printed before the labels were added (each config starts after a "cold start"
-  line). Its GPU sampler read GPU 0 only, while the one-worker runs were placed on GPU 1, so
-  their GPU utilisation and memory are unknown (null here); the 2-GPU rows average both GPUs.
-- ``raw/1gpu-machine-results.json`` (the one-H200 machine, earlier the same session): the
-  naive Flask baseline at 1, 8 and 64 users, 10 s per level. (Its TorchServe rows measured an
-  earlier in-process scheduler and are superseded by the run above.)
+- ``raw/1gpu-machine-results.json``: one command on the one-H200 machine (16 cores) that served
+  both systems on the same GPU, one after the other: TorchServe as shipped (GPU profile,
+  continuous batching) at 1-256 users, then the naive Flask baseline at 1, 8 and 64 users.
+- ``raw/x2-machine-scaling.log``: one command on the two-H200 machine (32 cores): TorchServe on
+  one GPU, then on two (one worker per GPU), 64-512 users, the users split over 8 client
+  processes (one Python client process tops out near 400-600 requests/s). Its JSON lines are
+  the harness's own output; ``raw/x2-machine-describe-*.json`` is the describe API after each.
+- ``engine/*.json``: ``benchmarks/serving/bench_engine.py`` (the continuous batcher alone, no
+  TorchServe) before and after the prefill/read-back rework, one-H200 machine.
 
     python benchmarks/serving/assemble.py
 """
@@ -18,7 +19,6 @@ H200 and the same saved 7B-shaped model; this script only relabels and merges th
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,65 +28,121 @@ sys.path[:0] = [str(HERE.parents[1] / "loadtest/serving"), str(HERE.parents[1] /
 
 from run_bench import write_report  # noqa: E402
 
-CONFIG = re.compile(r"^torchserve (\w+) x(\d+) cold start ([\d.]+) s$")
+ONE = "1x H200 host"
+TWO = "2x H200 host"
 
 
-def x2_rows(path: Path) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def one_gpu_run() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    data = json.loads((HERE / "raw/1gpu-machine-results.json").read_text())
+    rows = data["rows"]
+    for row in rows:
+        row.update(machine=ONE, client_processes=1)
+    return data, rows
+
+
+def scaling_run() -> tuple[list[dict[str, Any]], dict[str, float]]:
     rows: list[dict[str, Any]] = []
     colds: dict[str, float] = {}
-    mode, gpus = "", 0
-    for line in path.read_text().splitlines():
-        match = CONFIG.match(line.strip())
-        if match:
-            mode, gpus = match.group(1), int(match.group(2))
-            name = "torchserve" if mode == "continuous" else f"torchserve_{mode}"
-            colds[name if gpus == 1 else f"{name}_{gpus}gpus"] = float(match.group(3))
-        elif line.startswith("{") and mode:
-            row = json.loads(line)
-            row.update(system="torchserve", mode=mode, gpus=gpus, machine="2x H200")
-            if gpus == 1:  # the sampler read the idle GPU 0
-                row.update(gpu_util_pct=None, gpu_mem_gb=None)
+    for line in (HERE / "raw/x2-machine-scaling.log").read_text().splitlines():
+        row = json.loads(line)
+        if "cold_start" in row:
+            colds[f"{row['cold_start']} ({TWO})"] = row["seconds"]
+        else:
+            row.update(machine=TWO)
             rows.append(row)
     return rows, colds
 
 
-def naive_rows(path: Path) -> tuple[list[dict[str, Any]], float]:
-    data = json.loads(path.read_text())
-    rows = [r for r in data["rows"] if r["system"] == "naive"]
-    for row in rows:
-        row.update(mode="naive", gpus=1, machine="1x H200")
-    return rows, data["cold_start_s"]["naive"]
+def scaling_table(rows: list[dict[str, Any]]) -> str:
+    by = {(r["gpus"], r["users"]): r for r in rows}
+    lines = [
+        "| users | 1 GPU req/s | 2 GPUs req/s | ratio | 1 GPU p50 ms | 2 GPUs p50 ms |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for users in sorted({u for _, u in by}):
+        one, two = by[(1, users)], by[(2, users)]
+        ratio = two["requests_per_s"] / one["requests_per_s"]
+        lines.append(
+            f"| {users} | {one['requests_per_s']:.1f} | {two['requests_per_s']:.1f} | "
+            f"{ratio:.2f}x | {one['p50_ms']} | {two['p50_ms']} |"
+        )
+    best_one = max(r["requests_per_s"] for r in rows if r["gpus"] == 1)
+    best_two = max(r["requests_per_s"] for r in rows if r["gpus"] == 2)
+    lines.append(
+        f"\nPeak: {best_one:.1f} req/s on one GPU, {best_two:.1f} on two: "
+        f"{best_two / best_one:.2f}x."
+    )
+    return "\n".join(lines)
+
+
+def engine_table() -> str:
+    columns = [
+        "users",
+        "requests_per_s",
+        "p50_ms",
+        "steps_per_s",
+        "rows_per_step",
+        "texts_per_prefill",
+        "admit_host_share",
+    ]
+    parts = [
+        "# The continuous batcher alone, before and after the prefill rework\n",
+        "`PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tokenizer TOKDIR --out "
+        "DIR --users 1,8,32,64,128,256 --profile-users 64` on the one-H200 machine, "
+        "2026-11-29 (two separate runs of the same command, before and after; same model, "
+        "same sentence mix and length rule as the serving benchmark, admit_rows 16, "
+        "admit_wait 20 ms). *Before*: eager prefill of right-padded prompts (about 1,600 "
+        "kernel launches), a blocking host copy per admitted row, read-backs that stall the "
+        "GPU. *After*: packed prompts through captured prefill graphs (one per token bucket), "
+        "asynchronous pinned copies and read-backs.\n",
+    ]
+    for name in ("before", "after"):
+        data = json.loads((HERE / f"engine/{name}.json").read_text())
+        parts.append(f"## {name} ({data['date']})\n")
+        parts.append("| " + " | ".join(columns) + " |")
+        parts.append("|" + " ---: |" * len(columns))
+        parts += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in data["rows"]]
+        share = data["profile"]["gpu_kernel_share"]
+        parts.append(
+            f"\nGPU kernel time per wall second at {data['profile']['users']} users "
+            f"(torch.profiler): {share}.\n"
+        )
+    parts.append(
+        "The profiles are in `engine/*-profile-*.txt` (the *before* host profile was taken "
+        "with torch.profiler running at the same time, which inflates its per-op costs)."
+    )
+    return "\n".join(parts) + "\n"
 
 
 def main() -> None:
-    rows, colds = x2_rows(HERE / "raw/x2-machine-bench.log")
-    naive, colds["naive"] = naive_rows(HERE / "raw/1gpu-machine-results.json")
+    data, rows = one_gpu_run()
+    scaling, scaling_colds = scaling_run()
+    colds = {**data["cold_start_s"], **scaling_colds}
+    command = (
+        "PYTHONPATH=handler:loadtest/serving python loadtest/serving/run_bench.py --out DIR "
+        "--tokenizer TOKDIR --model-dir /tmp/hymt-7b --modes continuous --gpus 1 "
+        "--users 1,8,32,64,128,256 --naive-users 1,8,64 --duration 8 (1x H200); "
+        "... --gpus 1,2 --users 64,128,256,512 --duration 8 --skip-naive --client-processes 8 "
+        "(2x H200); merged by python benchmarks/serving/assemble.py"
+    )
     write_report(
         HERE,
         {
             "gpu": "NVIDIA H200",
-            "date": "2026-11-29",
-            "command": (
-                "PYTHONPATH=handler:loadtest/serving python loadtest/serving/run_bench.py "
-                "--out DIR --tokenizer TOKDIR --model-dir /tmp/hymt-7b --modes continuous,batch "
-                "--gpus 1,2 --users 1,8,32,64,128,256 --duration 8 --skip-naive (2x H200) and "
-                "... --modes continuous,batch --naive-users 1,8,64 --duration 10 (1x H200, naive "
-                "rows); merged by python benchmarks/serving/assemble.py"
-            ),
+            "date": data["date"],
+            "command": command,
             "cold_start_s": colds,
-            "rows": rows + naive,
-            "note": (
-                "Closed-loop users, 8 s per level (naive 10 s); the load test's sentence mix "
-                "(segments under 300 characters, many language pairs); output length 1.2 x "
-                "source tokens for every system; one worker per GPU, token auth on. Mode "
-                "continuous: the GPU profile as shipped (TorchServe async mode, batchSize 1, "
-                "the handler's continuous batcher over 128 KV-cache slots in a child process). "
-                "Mode batch: TorchServe batching, batchSize 64, maxBatchDelay 5 ms, the fast "
-                "engine per batch. GPU utilisation is unknown (None) for the one-GPU TorchServe "
-                "rows (see assemble.py)."
-            ),
+            "rows": rows + scaling,
+            "note": data["note"]
+            + " Rows of the 2x H200 machine come from a second command (scaling: the same "
+            "deployment with one worker per GPU); compare them with each other, not with the "
+            "1x H200 machine's rows (another host).",
         },
     )
+    with (HERE / "results.md").open("a") as md:
+        md.write("\n## Two GPUs against one (2x H200 machine, same command)\n\n")
+        md.write(scaling_table(scaling) + "\n")
+    (HERE / "engine.md").write_text(engine_table())
 
 
 if __name__ == "__main__":
