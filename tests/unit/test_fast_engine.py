@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
-from hymt_serve.fast_engine import FastGenerator, UnsupportedModelError
+from hymt_serve.fast_engine import PREFILL_TOKENS, FastGenerator, UnsupportedModelError
+from hymt_serve.fast_forward import packed_layout
 from hymt_serve.generation import GenerationRow, SamplingParams
 
 PROMPTS = ((1, 17, 250, 33, 91, 402, 5), (1, 300, 12), (1, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53))
@@ -100,6 +101,31 @@ def test_batches_larger_than_max_batch_size_are_split(model: PreTrainedModel) ->
     assert [tokens for tokens, _ in results] == [
         hf_generate(model, p, n) for p, n in zip(PROMPTS, MAX_NEW, strict=True)
     ]
+
+
+def test_packed_layout_pads_tokens_and_rows() -> None:
+    layout = packed_layout([(5, 6, 7), (8,)], [2, 0], tokens=6, rows=3, scratch_slot=9)
+    assert layout == [
+        5, 6, 7, 8, 0, 0,  # ids
+        0, 1, 2, 0, 0, 0,  # positions
+        2, 2, 2, 0, 9, 9,  # cache slots (padding: the scratch slot)
+        0, 0, 0, 1, -1, -1,  # which prompt
+        2, 3, 0,  # last token of each prompt
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="exceed"):
+        packed_layout([(5, 6, 7), (8,)], [2, 0], tokens=3, rows=3, scratch_slot=9)
+
+
+def test_prefills_past_the_token_budget_run_in_groups(model: PreTrainedModel) -> None:
+    """More prompt tokens than one prefill takes (PREFILL_TOKENS): split into groups, same
+    logits as prefilling each prompt alone."""
+    wide = FastGenerator.from_model(model, max_batch_size=24, max_seq_len=64)
+    prompts = [tuple(range(1 + i, 61 + i)) for i in range(20)]
+    assert sum(len(p) for p in prompts) > PREFILL_TOKENS
+    with torch.inference_mode():
+        together = wide.prefill(prompts, range(20))
+        alone = torch.cat([wide.prefill([p], [i]) for i, p in enumerate(prompts)])
+    torch.testing.assert_close(together, alone, atol=1e-4, rtol=1e-4)
 
 
 def test_sampling_is_reproducible_with_a_seed(fast: FastGenerator) -> None:
