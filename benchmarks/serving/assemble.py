@@ -10,6 +10,9 @@ labels and merges their rows, it measures nothing:
   one GPU, then on two (one worker per GPU), 64-512 users, the users split over 8 client
   processes (one Python client process tops out near 400-600 requests/s). Its JSON lines are
   the harness's own output; ``raw/x2-machine-describe-*.json`` is the describe API after each.
+- ``raw/1gpu-machine-30-token-sentences.json``: one command on the one-H200 machine (a fresh
+  one: no compile cache), one user, only the segments of 28-32 source tokens (4 segments,
+  34-36 output tokens), both systems: the issue's single-user goal for a 30-token sentence.
 - ``engine/*.json``: ``benchmarks/serving/bench_engine.py`` (the continuous batcher alone, no
   TorchServe) before and after the prefill/read-back rework, one-H200 machine.
 
@@ -143,6 +146,30 @@ def main() -> None:
         md.write("\n## Two GPUs against one (2x H200 machine, same command)\n\n")
         md.write(scaling_table(scaling) + "\n")
     (HERE / "engine.md").write_text(engine_table())
+    short = json.loads((HERE / "raw/1gpu-machine-30-token-sentences.json").read_text())
+    result = json.loads((HERE / "results.json").read_text())
+    result["one_user_30_token_sentences"] = {
+        "command": short["command"],
+        "date": short["date"],
+        "cold_start_s": short["cold_start_s"],
+        "rows": short["rows"],
+    }
+    (HERE / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    with (HERE / "results.md").open("a") as md:
+        md.write(
+            "\n## One user, 30-token sentences (1x H200 host, a fresh machine)\n\n"
+            f"`{short['command']}` ({short['date']}): the segments of 28-32 source tokens "
+            "(34-36 output tokens), one user, 10 s per system.\n\n"
+            "| system | requests | p50_ms | p95_ms | p99_ms | errors |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: |\n"
+        )
+        for row in short["rows"]:
+            md.write(
+                f"| {row['system']} | {row['requests']} | {row['p50_ms']} | {row['p95_ms']} | "
+                f"{row['p99_ms']} | {row['errors']} |\n"
+            )
+        colds = ", ".join(f"{k} {v} s" for k, v in short["cold_start_s"].items())
+        md.write(f"\nCold start on this fresh machine (no inductor cache yet): {colds}.\n")
 
 
 if __name__ == "__main__":

@@ -481,5 +481,8 @@ def _cache_rows(model: Any, max_seq_len: int, wanted: int, device: torch.device)
         * 2
         * next(model.parameters()).element_size()
     )
+    from .fast_engine import STEP_HEADROOM
+
     free, _ = torch.cuda.mem_get_info(device)
-    return min(wanted, int(free * KV_CACHE_SHARE) // int(per_token * (max_seq_len + 16)))
+    cache_len = max_seq_len + STEP_HEADROOM  # as FastGenerator sizes it
+    return min(wanted, int(free * KV_CACHE_SHARE) // int(per_token * cache_len))

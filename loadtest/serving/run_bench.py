@@ -55,23 +55,32 @@ def build_model(out: Path, tokenizer_dir: Path | None, tiny: bool) -> Path:
     return out
 
 
-def sentence_jobs(model_dir: Path, cap: int) -> list[tuple[dict[str, Any], int]]:
+def sentence_jobs(
+    model_dir: Path, cap: int, source_tokens: tuple[int, int] | None = None
+) -> list[tuple[dict[str, Any], int]]:
     """The load test's sentence mix (segments under 300 characters) with fixed lengths."""
     from transformers import AutoTokenizer
 
-    return length_rule_jobs(AutoTokenizer.from_pretrained(model_dir), cap)
+    return length_rule_jobs(AutoTokenizer.from_pretrained(model_dir), cap, source_tokens)
 
 
-def length_rule_jobs(tokenizer: Any, cap: int) -> list[tuple[dict[str, Any], int]]:
+def length_rule_jobs(
+    tokenizer: Any, cap: int, source_tokens: tuple[int, int] | None = None
+) -> list[tuple[dict[str, Any], int]]:
     """Each segment under 300 characters with its output length: 1.2 x its source tokens,
-    at least 8, at most ``cap`` (random weights never choose EOS, so every system does this)."""
+    at least 8, at most ``cap`` (random weights never choose EOS, so every system does this).
+    ``source_tokens`` (low, high) keeps only segments of that many source tokens."""
     jobs = []
     for line in (REPO / "loadtest/data/segments.jsonl").read_text().splitlines():
         row = json.loads(line)
         if len(row["text"]) >= 300:
             continue
         n_in = len(tokenizer(row["text"], add_special_tokens=False)["input_ids"])
+        if source_tokens and not source_tokens[0] <= n_in <= source_tokens[1]:
+            continue
         jobs.append((row, max(8, min(cap, round(1.2 * n_in)))))
+    if not jobs:
+        raise SystemExit(f"no segment has {source_tokens} source tokens")
     return jobs
 
 
@@ -363,12 +372,19 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batch-delay", type=int, default=5)
     parser.add_argument("--cap", type=int, default=512)
+    parser.add_argument(
+        "--source-tokens",
+        type=lambda text: tuple(int(x) for x in text.split("-", 1)),
+        default=None,
+        help="LOW-HIGH: only segments with that many source tokens (e.g. 28-32)",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/hymt-serving-work"))
     args = parser.parse_args()
     from hymt_serve.tiny_model import default_tokenizer_dir
 
     model_dir = build_model(args.model_dir, args.tokenizer or default_tokenizer_dir(), args.tiny)
-    jobs = sentence_jobs(model_dir, args.cap if not args.tiny else 32)
+    jobs = sentence_jobs(model_dir, args.cap if not args.tiny else 32, args.source_tokens)
+    print(json.dumps({"segments": len(jobs)}), flush=True)
     sampler = GpuSampler()
     work = args.work
     rows: list[dict[str, Any]] = []
