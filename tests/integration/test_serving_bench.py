@@ -1,0 +1,54 @@
+"""The serving benchmark harness end to end on the CPU (tiny model), so that it does not rot
+between GPU sessions: it builds the archive, starts our TorchServe in async mode and the naive
+baseline, drives both with forked client processes and writes the report. Its numbers here
+mean nothing; only that every system served every request and the report holds them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+FIELDS = {
+    "system", "gpus", "users", "requests_per_s", "output_tokens_per_s", "p50_ms", "p95_ms",
+    "p99_ms", "errors", "gpu_util_pct", "gpu_mem_gb",
+}  # fmt: skip
+
+
+def test_serving_benchmark_runs_both_systems(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        str(REPO / "loadtest/serving/run_bench.py"),
+        "--tiny",
+        "--out", str(tmp_path / "out"),
+        "--work", str(tmp_path / "work"),
+        "--model-dir", str(tmp_path / "model"),
+        "--users", "1,3",
+        "--naive-users", "2",
+        "--duration", "2",
+        "--client-processes", "2",
+    ]  # fmt: skip
+    environ = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "handler"), str(REPO / "loadtest/serving")]),
+    }
+    run = subprocess.run(
+        command, env=environ, timeout=900, capture_output=True, text=True, cwd=REPO
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((tmp_path / "out/results.json").read_text())
+    assert set(report["cold_start_s"]) == {"torchserve", "naive"}
+    seen = {(row["system"], row["users"]) for row in report["rows"]}
+    assert seen == {("torchserve", 1), ("torchserve", 3), ("naive", 2)}
+    for row in report["rows"]:
+        assert set(row) >= FIELDS, FIELDS - set(row)
+        assert row["errors"] == 0 and row["requests"] > 0, row
+        assert row["client_processes"] == 2
+    assert (tmp_path / "out/serving.png").stat().st_size > 0
+    assert "| torchserve |" in (tmp_path / "out/results.md").read_text()
