@@ -291,13 +291,20 @@ class ContinuousBatcher(Scheduler):
             if not jobs:
                 return
         runner, count = self._runner, len(self._running)
-        slots = to_device([job.slot for job in jobs], torch.int64, self._device)
-        lengths = to_device([len(job.row.prompt_ids) for job in jobs], torch.int64, self._device)
-        self._bucket = runner.load(
-            torch.cat([runner.tokens[:count], tokens]),
-            torch.cat([runner.positions[:count], lengths]),
-            torch.cat([runner.slots[:count], slots]),
-        )
+        try:
+            slots = to_device([job.slot for job in jobs], torch.int64, self._device)
+            lengths = to_device(
+                [len(job.row.prompt_ids) for job in jobs], torch.int64, self._device
+            )
+            self._bucket = runner.load(
+                torch.cat([runner.tokens[:count], tokens]),
+                torch.cat([runner.positions[:count], lengths]),
+                torch.cat([runner.slots[:count], slots]),
+            )
+        except Exception as error:  # these rows fail here; the running ones in _serve
+            self._free.extend(job.slot for job in jobs)
+            self._fail(jobs, error)
+            raise
         self._running.extend(jobs)
         self._membership_changed()
         self.stats["prefills"] += 1

@@ -176,6 +176,39 @@ def test_a_failing_prefill_fails_only_its_rows(
         batcher.close()
 
 
+def test_a_failure_after_the_prefill_fails_the_batch_and_the_thread_goes_on(
+    model: PreTrainedModel, expected: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error while the admitted rows join the batch (here: loading the step buffers) fails
+    them and the running rows, frees every slot, and the next rows are served."""
+    batcher = batcher_for(model, slots=2)
+    runner = batcher._runner
+    load = runner.load
+    calls = {"n": 0}
+
+    def load_failing_second_time(*args: object) -> int:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise MemoryError("injected")
+        return load(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "load", load_failing_second_time)
+    try:
+        running = batcher.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]))
+        wait_for(lambda: batcher.stats["steps"] >= 3)
+        joining = batcher.submit(GenerationRow(PROMPTS[1], MAX_NEW[1]))
+        for future in (joining, running):
+            with pytest.raises(GenerationFailed, match="MemoryError"):
+                future.result(timeout=60)
+        after = [
+            batcher.submit(GenerationRow(p, n))
+            for p, n in zip(PROMPTS[2:4], MAX_NEW[2:4], strict=True)
+        ]
+        assert [list(f.result(timeout=60).token_ids) for f in after] == expected[2:4]
+    finally:
+        batcher.close()
+
+
 def test_rows_that_do_not_fit_are_refused_on_submit(batcher: ContinuousBatcher) -> None:
     with pytest.raises(ValueError, match="max_seq_len"):
         batcher.submit(GenerationRow(PROMPTS[0], 64))
