@@ -95,9 +95,9 @@ def engine_table() -> str:
         "2026-11-29 (two separate runs of the same command, before and after; same model, "
         "same sentence mix and length rule as the serving benchmark, admit_rows 16, "
         "admit_wait 20 ms). *Before*: eager prefill of right-padded prompts (over a "
-        "thousand kernel launches), a blocking host copy per admitted row, read-backs that stall the "
-        "GPU. *After*: packed prompts through captured prefill graphs (one per token bucket), "
-        "asynchronous pinned copies and read-backs.\n",
+        "thousand kernel launches), a blocking host copy per admitted row, read-backs that "
+        "stall the GPU. *After*: packed prompts through captured prefill graphs (one per "
+        "token bucket), asynchronous pinned copies and read-backs.\n",
     ]
     for name in ("before", "after"):
         data = json.loads((HERE / f"engine/{name}.json").read_text())
