@@ -290,16 +290,20 @@ class PackedPrompts:
         return cls(ids, positions, slots, sequence, last)
 
 
+def pinned(values: Sequence[int] | Sequence[float], dtype: torch.dtype) -> Tensor:
+    """A host list in page-locked memory, ready for an asynchronous copy to the device."""
+    return torch.tensor(values, dtype=dtype).pin_memory()
+
+
 def to_device(
     values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device
 ) -> Tensor:
     """A host list as a device tensor without waiting for the device: ``torch.tensor(values,
     device=cuda)`` copies from pageable memory and synchronises the stream; a pinned copy does
     not (the caching host allocator keeps the buffer until the copy is done)."""
-    tensor = torch.tensor(values, dtype=dtype)
     if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+        return torch.tensor(values, dtype=dtype, device=device)
+    return pinned(values, dtype).to(device, non_blocking=True)
 
 
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:

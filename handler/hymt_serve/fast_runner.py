@@ -11,9 +11,10 @@ one replay instead of hundreds of kernel launches. Longer prefills run eagerly.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -25,6 +26,7 @@ from hymt_serve.fast_forward import (
     decode_forward,
     make_step_functions,
     packed_layout,
+    pinned,
     prefill_forward,
     rope_tables,
     to_device,
@@ -98,8 +100,7 @@ class DecodeRunner:
         layout = packed_layout(
             prompts, slots, tokens=bucket, rows=width, scratch_slot=self.scratch_slot
         )
-        flat = torch.tensor(layout, dtype=torch.int64).pin_memory()
-        self.prefill_inputs[: len(layout)].copy_(flat, non_blocking=True)
+        self.prefill_inputs[: len(layout)].copy_(pinned(layout, torch.int64), non_blocking=True)
         self.prefill_graphs[bucket].replay()
         assert self.prefill_logits is not None
         return self.prefill_logits[:rows]
@@ -202,13 +203,9 @@ class DecodeRunner:
             self.max_batch_size, self.shape.vocab, dtype=torch.float32, device=self.tokens.device
         )
         buckets = list(reversed(PREFILL_BUCKETS))
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        with _side_stream():
             for bucket in buckets:
                 self._prefill_forward(self._idle_prefill_inputs(bucket))
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
         pool = torch.cuda.graph_pool_handle()
         graphs = {}
         for bucket in buckets:
@@ -223,11 +220,19 @@ class DecodeRunner:
 
     def _warm_up(self) -> None:
         """Run every bucket once on a side stream: compiles, loads kernels, settles allocations."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        with _side_stream():
             self.clear()
             for bucket in reversed(self.buckets):
                 self._forward(bucket)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def _side_stream() -> Iterator[None]:
+    """Run the block on a fresh stream (warm-up before capture, as CUDA graphs require), then
+    wait for it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
