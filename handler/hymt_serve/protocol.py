@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,6 +28,12 @@ from .prompts import Template
 from .settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
 
 ALIASES = {"src_lang": "source_lang", "tgt_lang": "target_lang"}
+# A valid body nests 2 levels (object -> list of texts); anything far deeper is refused before
+# any code walks it recursively (repr, comparisons) and hits Python's recursion limit.
+MAX_DEPTH = 8
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 2, 40, 40
+_BRIEF.maxlist = _BRIEF.maxdict = 4
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
 FIELDS = (
     "text",
@@ -79,7 +86,36 @@ def decode_body(body: Any) -> dict[str, Any]:
             f"request body must be a JSON object, got {type(body).__name__}",
             allowed={"fields": list(FIELDS)},
         )
+    if _nested_deeper_than(body, MAX_DEPTH):
+        raise InvalidRequest(
+            f"request body is nested more than {MAX_DEPTH} levels deep",
+            allowed="a JSON object as documented (it nests 2 levels)",
+        )
     return body
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` nests past ``limit`` levels (iterative: no recursion limit)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return False
+
+
+def brief(value: Any) -> str:
+    """A short, always printable rendering of a client's value for an error message."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    try:
+        return _BRIEF.repr(value)
+    except ValueError:  # an integer of thousands of digits inside a list
+        return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
 
 
 def _json_from_bytes(raw: bytes) -> Any:
@@ -95,7 +131,15 @@ def _json_from_bytes(raw: bytes) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(
-            f"request body is not valid JSON: {exc.msg} at char {exc.pos}", allowed="a JSON object"
+            f"request body is not valid JSON: {exc}", allowed="a JSON object"
+        ) from exc
+    except RecursionError as exc:
+        raise InvalidRequest(
+            "request body is nested too deeply", allowed="a JSON object as documented"
+        ) from exc
+    except ValueError as exc:  # Python refuses integers of more than 4,300 digits
+        raise InvalidRequest(
+            "request body holds a number too long to read", allowed="a JSON object as documented"
         ) from exc
 
 
@@ -131,7 +175,9 @@ def _canonical_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in body.items():
         name = ALIASES.get(key, key)
         if name not in FIELDS:
-            raise InvalidRequest(f"unknown field {key!r}", allowed=[*FIELDS, *ALIASES], field=key)
+            raise InvalidRequest(
+                f"unknown field {brief(key)}", allowed=[*FIELDS, *ALIASES], field=key
+            )
         if name in fields and fields[name] != value:
             raise InvalidRequest(
                 f"{name!r} is given twice (once as an alias) with different values",
@@ -189,7 +235,9 @@ def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
 def _stream(value: Any, single: bool) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest(
-            f"stream must be true or false, got {value!r}", allowed=[True, False], field="stream"
+            f"stream must be true or false, got {brief(value)}",
+            allowed=[True, False],
+            field="stream",
         )
     if value and not single:
         raise InvalidRequest(
@@ -220,7 +268,7 @@ def _language(value: Any, name: str, *, required: bool) -> Language | None:
     language = lookup(value)
     if language is None:
         raise UnsupportedLanguage(
-            f"{name} {value!r} is not a supported language code",
+            f"{name} {brief(value)} is not a supported language code",
             allowed=list(SUPPORTED_CODES),
             field=name,
         )
@@ -232,7 +280,7 @@ def _max_new_tokens(value: Any, cap: int) -> int:
         return cap
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cap:
         raise InvalidRequest(
-            f"max_new_tokens must be an integer in [1, {cap}], got {value!r}",
+            f"max_new_tokens must be an integer in [1, {cap}], got {brief(value)}",
             allowed=f"[1, {cap}]",
             field="max_new_tokens",
         )
@@ -243,7 +291,7 @@ def _sampling(fields: Mapping[str, Any], defaults: SamplingParams) -> SamplingPa
     enabled = fields.get("sampling", False)
     if not isinstance(enabled, bool):
         raise InvalidRequest(
-            f"sampling must be true or false, got {enabled!r}",
+            f"sampling must be true or false, got {brief(enabled)}",
             allowed=[True, False],
             field="sampling",
         )
@@ -266,7 +314,7 @@ def _check_sampling_value(key: str, value: Any) -> None:
         low, high = INT_BOUNDS["top_k"]
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise InvalidRequest(
-                f"top_k must be an integer in [{low}, {high}], got {value!r}",
+                f"top_k must be an integer in [{low}, {high}], got {brief(value)}",
                 allowed=f"[{low}, {high}]",
                 field=key,
             )
@@ -275,7 +323,7 @@ def _check_sampling_value(key: str, value: Any) -> None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not number or not math.isfinite(value) or not low_f < value <= high_f:
         raise InvalidRequest(
-            f"{key} must be a number in ({low_f}, {high_f}], got {value!r}",
+            f"{key} must be a number in ({low_f}, {high_f}], got {brief(value)}",
             allowed=f"({low_f}, {high_f}]",
             field=key,
         )

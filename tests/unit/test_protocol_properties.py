@@ -19,7 +19,14 @@ from hymt_serve.errors import (
     UnsupportedLanguage,
 )
 from hymt_serve.languages import SUPPORTED_CODES, lookup
-from hymt_serve.protocol import ALIASES, FIELDS, TranslationRequest, decode_body, parse_request
+from hymt_serve.protocol import (
+    ALIASES,
+    FIELDS,
+    TranslationRequest,
+    brief,
+    decode_body,
+    parse_request,
+)
 from hymt_serve.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
 
 CAP, MAX_TEXTS, MAX_CHARS = 32, 3, 12
@@ -225,7 +232,7 @@ def test_an_unknown_field_is_refused_by_name(
         parse(dict(items))
     except InvalidRequest as error:
         assert type(error) is InvalidRequest and error.status == 400
-        assert error.field == key and repr(key) in error.message
+        assert error.field == key and brief(key) in error.message
         assert set(error.allowed) == KNOWN_KEYS
     else:
         raise AssertionError(f"unknown field {key!r} was accepted")
