@@ -24,6 +24,7 @@ from transformers.generation.streamers import BaseStreamer
 from .errors import ConfigurationError, GenerationFailed, OutOfMemory, ServiceError
 from .generation import FinishReason, GenerationResult, GenerationRow, SamplingParams, cut_at_stop
 from .settings import Settings
+from .tiny_model import TINY_MODEL_MARKER
 
 logger = logging.getLogger(__name__)
 
@@ -291,6 +292,8 @@ class HFEngine:
             **generation,
             "model_type": config.model_type,
             "model_path": str(self.settings.model_path),
+            # The built-in demo model (hymt tiny-model): its output is meaningless text.
+            "random_weights": (self.settings.model_path / TINY_MODEL_MARKER).is_file(),
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "max_position_embeddings": config.max_position_embeddings,
             "stop_token_ids": sorted(self.stop_ids),

@@ -15,6 +15,9 @@ from typing import Any
 
 from .languages import LANGUAGES
 
+# The file that marks a folder as the random-weight demo model (the engine reports it).
+TINY_MODEL_MARKER = "TINY_MODEL.json"
+
 TOKENIZER_ENV = "HYMT_TOKENIZER_DIR"
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -192,5 +195,5 @@ def build_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None, seed: int
         "tokenizer": str(tokenizer_dir) if tokenizer_dir else "fallback",
         "note": "random weights: its translations are meaningless; serve a real model folder",
     }
-    (out_dir / "TINY_MODEL.json").write_text(json.dumps(about, indent=2) + "\n")
+    (out_dir / TINY_MODEL_MARKER).write_text(json.dumps(about, indent=2) + "\n")
     return out_dir

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from conftest import REPO, free_ports
 from werkzeug.serving import make_server
 
@@ -21,6 +22,24 @@ from hymt_serve.web.app import create_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+PHONE = {"width": 375, "height": 740}
+# The codes whose label the picker cuts off: a hidden select sized to one label (max-content)
+# against the real one.
+CUT_LABELS = """(id) => {
+  const select = document.getElementById(id);
+  const probe = document.createElement("select");
+  probe.style.cssText = "position: absolute; visibility: hidden";
+  Object.assign(probe.style, { width: "max-content", minWidth: "0", maxWidth: "none" });
+  select.parentElement.append(probe);
+  const shown = select.getBoundingClientRect().width;
+  const cut = [];
+  for (const option of select.options) {
+    probe.replaceChildren(new Option(option.text));
+    if (probe.getBoundingClientRect().width > shown + 0.5) cut.push(option.value);
+  }
+  probe.remove();
+  return cut;
+}"""
 CHROMIUM_FLAGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -115,3 +134,57 @@ def test_phone_width_has_no_sideways_scrolling(browser: Any, page_url: str) -> N
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     page.screenshot(path=str(REPO / "loadtest/reports/web-page-phone.png"))
     context.close()
+
+
+def test_the_tiny_model_shows_the_demo_notice(page: Any, page_url: str) -> None:
+    config = requests.get(f"{page_url}api/config", timeout=30).json()
+    assert config["demo_model"] is True  # the server fixture serves the random-weight model
+    assert page.is_visible("#demo-notice")
+    assert "random weights" in page.inner_text("#demo-notice")
+
+
+def test_pickers_fit_a_phone(browser: Any, page_url: str) -> None:
+    context = browser.new_context(viewport=PHONE, is_mobile=True)
+    page = context.new_page()
+    page.goto(page_url)
+    page.wait_for_function("window.hymt && window.hymt.ready === true")
+    for selector in ("#source", "#swap", "#target", "#demo-notice"):
+        box = page.locator(selector).bounding_box()
+        assert box is not None and box["x"] >= 0, selector
+        assert box["x"] + box["width"] <= PHONE["width"], selector
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    assert page.evaluate(CUT_LABELS, "source") == []
+    assert page.evaluate(CUT_LABELS, "target") == []
+    context.close()
+
+
+def test_favicon(page: Any, page_url: str) -> None:
+    linked = page.evaluate(
+        """async () => {
+             const response = await fetch(document.querySelector("link[rel=icon]").href);
+             return [response.status, response.headers.get("content-type")];
+           }"""
+    )
+    assert linked[0] == 200 and linked[1].startswith("image/svg+xml")
+    response = page.goto(f"{page_url}favicon.ico")
+    assert response.status == 200
+    assert response.headers["content-type"].startswith("image/")
+
+
+def test_the_proxy_answers_like_the_request_api(page_url: str) -> None:
+    url = f"{page_url}api/translate"
+    batch = requests.post(
+        url, json={"text": ["Hello", "Good night"], "target_lang": "fr"}, timeout=120
+    )
+    assert batch.status_code == 200, batch.text
+    assert len(batch.json()["translations"]) == 2
+    plain = requests.post(
+        url,
+        json={"text": "Hello", "target_lang": "fr", "stream": False, "max_new_tokens": 4},
+        timeout=120,
+    )
+    assert plain.headers["Content-Type"].startswith("application/json")
+    assert plain.json()["translations"][0]["output_tokens"] <= 4
+    typo = requests.post(url, json={"text": "Hello", "target_language": "fr"}, timeout=120)
+    assert typo.status_code == 400
+    assert typo.json()["error_type"] == "invalid_request"

@@ -1,8 +1,10 @@
 """The web front end: serves the page and forwards translations to TorchServe.
 
 The TorchServe inference key stays on this server (read from the key file at each call, so a
-renewed key is picked up); the browser never sees it. Translations are always streamed: the
-page receives TorchServe's newline-delimited JSON as it is generated.
+renewed key is picked up); the browser never sees it. ``/api/translate`` is a proxy of the
+request API: the JSON object the browser sent is forwarded whole, so TorchServe's and the
+handler's own answers (errors included) reach the browser. A single text is streamed unless the
+client says otherwise: the page receives TorchServe's newline-delimited JSON as it is generated.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from ..languages import LANGUAGES
 from ..launcher import Server
 
 DEFAULT_MAX_CHARS = 4000
+JSON, NDJSON = "application/json", "application/x-ndjson"
 TORCHSERVE_TYPES = {400: "invalid_request", 413: "payload_too_large", 503: "server_busy"}
+# TorchServe answers some statuses with an empty body (413 for a body over max_request_size).
+EMPTY_BODY_MESSAGES = {
+    413: "the request is larger than the server accepts",
+    503: "the server is busy",
+}
 
 
 def create_app(server: Server, model: str = "hunyuan-mt") -> Flask:
@@ -30,37 +38,81 @@ def create_app(server: Server, model: str = "hunyuan-mt") -> Flask:
     def page() -> Any:
         return app.send_static_file("index.html")
 
+    @app.get("/favicon.ico")
+    def favicon() -> Any:
+        # Browsers ask for /favicon.ico whatever the page links; the SVG serves both.
+        return app.send_static_file("favicon.svg")
+
     @app.get("/api/config")
     def config() -> Any:
         languages = [
             {"code": lang.code, "english": lang.english, "chinese": lang.chinese}
             for lang in LANGUAGES.values()
         ]
-        return jsonify(languages=languages, max_chars=_max_chars(server, model), model=model)
+        described = _describe(server, model)
+        return jsonify(
+            languages=languages,
+            max_chars=_max_chars(described),
+            demo_model=_demo_model(described),
+            model=model,
+        )
 
     @app.post("/api/translate")
     def translate() -> Any:
-        body = request.get_json(silent=True)
-        if not isinstance(body, dict):
-            return jsonify(error="send a JSON object", error_type="invalid_request"), 400
-        payload = {key: body[key] for key in ("text", "source_lang", "target_lang") if key in body}
-        try:
-            upstream = requests.post(
-                predictions,
-                json={**payload, "stream": True},
-                headers=server.headers("inference"),
-                stream=True,
-                timeout=(5, 600),
-            )
-        except requests.RequestException:
+        body = _json_object()
+        if body is None:
             return jsonify(
-                error="the translation server cannot be reached", error_type="server_unavailable"
-            ), 502
-        if upstream.status_code != 200:
-            return _error_from(upstream)
-        return Response(_relay(upstream), mimetype="application/x-ndjson")
+                error="send a JSON object with the header 'Content-Type: application/json'",
+                error_type="invalid_request",
+            ), 400
+        return _forward(server, predictions, _with_default_stream(body))
 
     return app
+
+
+def _with_default_stream(body: dict[str, Any]) -> dict[str, Any]:
+    """The browser's request ``body`` as it goes to TorchServe: unchanged, except that a single
+    text streams when the client did not choose (``"stream": true`` added)."""
+    if "stream" not in body and isinstance(body.get("text"), str):
+        return {**body, "stream": True}
+    return body
+
+
+def _json_object() -> dict[str, Any] | None:
+    """The request's JSON object, or None when the body is not one."""
+    if not request.is_json:
+        return None
+    try:
+        body = json.loads(request.get_data())
+    except (ValueError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _forward(server: Server, url: str, payload: dict[str, Any]) -> Any:
+    """POST ``payload`` to ``url`` with the inference key; the answer as a Flask response."""
+    streaming = payload.get("stream") is True
+    try:
+        upstream = requests.post(
+            url,
+            data=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
+            headers={"Content-Type": JSON, **server.headers("inference")},
+            stream=streaming,
+            timeout=(5, 600),
+        )
+    except requests.RequestException:
+        return jsonify(
+            error="the translation server cannot be reached", error_type="server_unavailable"
+        ), 502
+    if not upstream.ok:
+        return _error_from(upstream)
+    if streaming:
+        return Response(_relay(upstream), status=upstream.status_code, mimetype=NDJSON)
+    return Response(
+        upstream.content,
+        status=upstream.status_code,
+        content_type=upstream.headers.get("Content-Type") or JSON,
+    )
 
 
 def _relay(upstream: requests.Response) -> Iterator[bytes]:
@@ -71,22 +123,27 @@ def _relay(upstream: requests.Response) -> Iterator[bytes]:
 
 
 def _error_from(upstream: requests.Response) -> tuple[Any, int]:
-    """Our JSON errors pass through; TorchServe's own ({code, type, message}) are mapped."""
+    """Our JSON errors pass through; TorchServe's own ({code, type, message}) and empty or
+    non-JSON bodies become ``{error, error_type}`` with the same status."""
     status = upstream.status_code
     try:
         body = upstream.json()
     except ValueError:
-        body = {}
-    if "error_type" not in body:
-        body = {
-            "error": body.get("message") or f"HTTP {status}",
-            "error_type": TORCHSERVE_TYPES.get(status, "server_error"),
-        }
-    return jsonify(body), status
+        body = None
+    finally:
+        upstream.close()
+    if isinstance(body, dict) and "error_type" in body:
+        return jsonify(body), status
+    message = body.get("message") if isinstance(body, dict) else None
+    return jsonify(
+        error=message or EMPTY_BODY_MESSAGES.get(status, f"HTTP {status}"),
+        error_type=TORCHSERVE_TYPES.get(status, "server_error"),
+    ), status
 
 
-def _max_chars(server: Server, model: str) -> int:
-    """The character limit from the handler's settings (describe API), or the default."""
+def _describe(server: Server, model: str) -> dict[str, Any]:
+    """The handler's describe output (``{engine, settings}``) from the management API; {} when
+    it cannot be read."""
     try:
         described = requests.get(
             f"{server.management_url()}/models/{model}?customized=true",
@@ -96,6 +153,21 @@ def _max_chars(server: Server, model: str) -> int:
         metadata = described[0]["customizedMetadata"]
         if isinstance(metadata, str):
             metadata = json.loads(metadata)
-        return int(metadata["settings"]["max_chars_per_text"])
-    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError):
+    except (OSError, ValueError, KeyError, IndexError, TypeError):  # requests' errors are OSErrors
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _max_chars(described: dict[str, Any]) -> int:
+    """The character limit from the handler's settings in ``described``, or the default."""
+    try:
+        return int(described["settings"]["max_chars_per_text"])
+    except (KeyError, TypeError, ValueError):
         return DEFAULT_MAX_CHARS
+
+
+def _demo_model(described: dict[str, Any]) -> bool:
+    """Whether ``described`` says the engine serves the random-weight demo model (False when
+    unknown)."""
+    engine = described.get("engine")
+    return isinstance(engine, dict) and engine.get("random_weights") is True

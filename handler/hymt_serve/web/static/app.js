@@ -2,7 +2,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { maxChars: 0, busy: false, streamEvents: 0 };
+const state = { maxChars: 0, busy: false, streamEvents: 0, demoModel: false };
 window.hymt = state; // read by the browser tests
 
 const MESSAGES = {
@@ -136,6 +136,8 @@ async function init() {
   const config = await fetch("/api/config").then((r) => r.json());
   state.maxChars = config.max_chars;
   $("model").textContent = config.model;
+  state.demoModel = config.demo_model === true;
+  $("demo-notice").hidden = !state.demoModel;
   fillLanguages(config.languages);
   updateCount();
   $("input").addEventListener("input", updateCount);

@@ -1,0 +1,329 @@
+"""The web front end's Flask app against a stub TorchServe (a local WSGI server): no TorchServe.
+
+The stub records what the app forwarded and answers what each test tells it to, including the
+shapes TorchServe itself produces (``{code, type, message}`` errors, an empty 413).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+from werkzeug.serving import make_server
+from werkzeug.wrappers import Request, Response
+
+from hymt_serve.launcher import KEY_FILE, Server
+from hymt_serve.web.app import create_app
+
+MODEL = "hunyuan-mt"
+PREDICTIONS = f"/predictions/{MODEL}"
+DESCRIBE = f"/models/{MODEL}"
+KEYS = {"inference": {"key": "inference-key"}, "management": {"key": "management-key"}}
+
+
+@dataclass
+class Forwarded:
+    """One request the stub received."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Upstream:
+    """A stub TorchServe: ``replies`` by path (a Response or a function of the request)."""
+
+    url: str = ""
+    replies: dict[str, Callable[[Request], Response]] = field(default_factory=dict)
+    received: list[Forwarded] = field(default_factory=list)
+
+    def reply(self, path: str, body: Any, status: int = 200, mimetype: str | None = None) -> None:
+        """Answer ``path`` with ``body`` (bytes as they are, anything else as JSON)."""
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        kind = mimetype or ("application/json" if raw else None)
+        self.replies[path] = lambda _request: _response(raw, status, kind)
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        request = Request(environ)
+        self.received.append(Forwarded(request.path, dict(request.headers), request.get_data()))
+        answer = self.replies.get(request.path, lambda _r: _response(b"", 404, None))
+        return answer(request)(environ, start_response)
+
+    def forwarded(self, path: str = PREDICTIONS) -> list[Forwarded]:
+        return [seen for seen in self.received if seen.path == path]
+
+
+def _response(raw: bytes, status: int, mimetype: str | None) -> Response:
+    response = Response(raw, status=status)
+    if mimetype is None:  # TorchServe's 413: no body, no content type
+        del response.headers["Content-Type"]
+    else:
+        response.headers["Content-Type"] = mimetype
+    return response
+
+
+@pytest.fixture(scope="module")
+def stub_server() -> Iterator[Upstream]:
+    stub = Upstream()
+    server = make_server("127.0.0.1", 0, stub, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    stub.url = f"http://127.0.0.1:{server.server_port}"
+    yield stub
+    server.shutdown()
+
+
+@pytest.fixture
+def upstream(stub_server: Upstream) -> Upstream:
+    """The module's stub, with no replies and nothing received yet."""
+    stub_server.replies.clear()
+    stub_server.received.clear()
+    return stub_server
+
+
+def _workdir(path: Path, url: str) -> Server:
+    (path / "config.properties").write_text(
+        f"inference_address={url}\nmanagement_address={url}\n", encoding="utf-8"
+    )
+    (path / KEY_FILE).write_text(json.dumps(KEYS), encoding="utf-8")
+    return Server(path)
+
+
+@pytest.fixture
+def client(upstream: Upstream, tmp_path: Path) -> FlaskClient:
+    return create_app(_workdir(tmp_path, upstream.url), MODEL).test_client()
+
+
+def _lines(data: bytes) -> list[Any]:
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+STREAMED = [{"delta": "Bon", "request_id": "r1"}, {"translation": "Bonjour", "request_id": "r1"}]
+NDJSON = "".join(json.dumps(line) + "\n" for line in STREAMED).encode()
+
+
+# --- /api/translate: a faithful proxy -------------------------------------------------------
+
+
+def test_a_single_text_streams_by_default_with_every_field_forwarded(
+    client: FlaskClient, upstream: Upstream
+) -> None:
+    upstream.reply(PREDICTIONS, NDJSON, mimetype="application/x-ndjson")
+    sent = {
+        "text": "Hello",
+        "src_lang": "en",
+        "tgt_lang": "fr",
+        "max_new_tokens": 12,
+        "sampling": True,
+        "temperature": 0.5,
+    }
+    response = client.post("/api/translate", json=sent)
+    assert response.status_code == 200
+    assert response.mimetype == "application/x-ndjson"
+    assert _lines(response.data) == STREAMED
+    [forwarded] = upstream.forwarded()
+    assert forwarded.json() == {**sent, "stream": True}
+    assert forwarded.headers["Authorization"] == "Bearer inference-key"
+    assert forwarded.headers["Content-Type"] == "application/json"
+
+
+def test_a_list_of_texts_is_forwarded_as_is_and_answered_with_the_upstream_json(
+    client: FlaskClient, upstream: Upstream
+) -> None:
+    answer = {"translations": [{"text": "Bonjour"}, {"text": "Salut"}], "target_lang": "fr"}
+    upstream.reply(PREDICTIONS, answer)
+    sent = {"text": ["Hello", "Hi"], "target_lang": "fr", "max_new_tokens": 8}
+    response = client.post("/api/translate", json=sent)
+    assert (response.status_code, response.mimetype) == (200, "application/json")
+    assert response.get_json() == answer
+    assert upstream.forwarded()[0].json() == sent  # no "stream" added
+
+
+def test_stream_false_from_the_client_is_kept(client: FlaskClient, upstream: Upstream) -> None:
+    answer = {"translation": "Bonjour", "usage": {"input_tokens": 20, "output_tokens": 2}}
+    upstream.reply(PREDICTIONS, answer)
+    sent = {"text": "Hello", "target_lang": "fr", "stream": False}
+    response = client.post("/api/translate", json=sent)
+    assert (response.status_code, response.mimetype) == (200, "application/json")
+    assert response.get_json() == answer
+    assert upstream.forwarded()[0].json() == sent
+
+
+def test_stream_true_with_a_list_gets_the_handlers_own_error(
+    client: FlaskClient, upstream: Upstream
+) -> None:
+    error = {"error": "stream needs a single text", "error_type": "invalid_request"}
+    upstream.reply(PREDICTIONS, error, status=400)
+    sent = {"text": ["a", "b"], "target_lang": "fr", "stream": True}
+    response = client.post("/api/translate", json=sent)
+    assert (response.status_code, response.get_json()) == (400, error)
+    assert upstream.forwarded()[0].json() == sent
+
+
+def test_unknown_fields_reach_the_handler_and_its_error_passes_through_unchanged(
+    client: FlaskClient, upstream: Upstream
+) -> None:
+    error = {
+        "error": "unknown field 'target_language'",
+        "error_type": "invalid_request",
+        "field": "target_language",
+        "allowed": {"fields": ["text", "target_lang"]},
+        "request_id": "r2",
+    }
+    upstream.reply(PREDICTIONS, error, status=400)
+    sent = {"text": "Hello", "target_language": "fr"}
+    response = client.post("/api/translate", json=sent)
+    assert (response.status_code, response.get_json()) == (400, error)
+    assert upstream.forwarded()[0].json() == {**sent, "stream": True}
+
+
+@pytest.mark.parametrize(
+    ("status", "torchserve_body", "error_type"),
+    [
+        (
+            503,
+            {"code": 503, "type": "ServiceUnavailableException", "message": "queue full"},
+            "server_busy",
+        ),
+        (
+            400,
+            {"code": 400, "type": "InvalidKeyException", "message": "Token is not valid"},
+            "invalid_request",
+        ),
+        (
+            500,
+            {"code": 500, "type": "InternalServerException", "message": "worker died"},
+            "server_error",
+        ),
+    ],
+)
+def test_torchserve_errors_are_mapped(
+    client: FlaskClient, upstream: Upstream, status: int, torchserve_body: Any, error_type: str
+) -> None:
+    upstream.reply(PREDICTIONS, torchserve_body, status=status)
+    response = client.post("/api/translate", json={"text": "Hello", "target_lang": "fr"})
+    assert response.status_code == status
+    assert response.get_json() == {"error": torchserve_body["message"], "error_type": error_type}
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_empty_413_becomes_a_json_error(
+    client: FlaskClient, upstream: Upstream, stream: bool
+) -> None:
+    upstream.reply(PREDICTIONS, b"", status=413)
+    body = {"text": "x" * 100, "target_lang": "fr", "stream": stream}
+    response = client.post("/api/translate", json=body)
+    assert (response.status_code, response.mimetype) == (413, "application/json")
+    error = response.get_json()
+    assert error["error_type"] == "payload_too_large"
+    assert error["error"]
+
+
+def test_a_non_json_upstream_error_becomes_a_json_error(
+    client: FlaskClient, upstream: Upstream
+) -> None:
+    upstream.reply(PREDICTIONS, b"<html>Bad Gateway</html>", status=502, mimetype="text/html")
+    response = client.post("/api/translate", json={"text": ["a"], "target_lang": "fr"})
+    assert response.status_code == 502
+    assert response.get_json()["error_type"] == "server_error"
+
+
+@pytest.mark.parametrize(
+    ("data", "content_type"),
+    [
+        ('["Hello"]', "application/json"),
+        ('"Hello"', "application/json"),
+        ("{not json", "application/json"),
+        ('{"text": "Hello", "target_lang": "fr"}', "text/plain"),
+        ("[" * 100_000, "application/json"),
+    ],
+    ids=["list", "string", "broken", "not-json-content-type", "deeply-nested"],
+)
+def test_a_body_that_is_not_a_json_object_is_a_400_without_forwarding(
+    client: FlaskClient, upstream: Upstream, data: str, content_type: str
+) -> None:
+    response = client.post("/api/translate", data=data, content_type=content_type)
+    assert response.status_code == 400
+    assert response.get_json()["error_type"] == "invalid_request"
+    assert not upstream.forwarded()
+
+
+def test_an_unreachable_server_is_a_502(tmp_path: Path) -> None:
+    client = create_app(_workdir(tmp_path, "http://127.0.0.1:9"), MODEL).test_client()
+    response = client.post("/api/translate", json={"text": "Hello", "target_lang": "fr"})
+    assert response.status_code == 502
+    assert response.get_json()["error_type"] == "server_unavailable"
+
+
+# --- /api/config ------------------------------------------------------------------------------
+
+
+def _described(engine: dict[str, Any], max_chars: int = 1234, as_string: bool = True) -> Any:
+    metadata: Any = {"engine": engine, "settings": {"max_chars_per_text": max_chars}}
+    return [
+        {"modelName": MODEL, "customizedMetadata": json.dumps(metadata) if as_string else metadata}
+    ]
+
+
+@pytest.mark.parametrize("as_string", [True, False])
+def test_config_says_demo_model_from_one_describe_call(
+    client: FlaskClient, upstream: Upstream, as_string: bool
+) -> None:
+    upstream.reply(DESCRIBE, _described({"engine": "hf", "random_weights": True}, 777, as_string))
+    config = client.get("/api/config").get_json()
+    assert (config["demo_model"], config["max_chars"], config["model"]) == (True, 777, MODEL)
+    assert len(config["languages"]) == 38
+    [described] = upstream.forwarded(DESCRIBE)  # one management request, not one per field
+    assert described.headers["Authorization"] == "Bearer management-key"
+
+
+@pytest.mark.parametrize(
+    "engine", [{"engine": "hf", "random_weights": False}, {"engine": "hf"}], ids=["false", "absent"]
+)
+def test_config_says_no_demo_model_for_a_real_model(
+    client: FlaskClient, upstream: Upstream, engine: dict[str, Any]
+) -> None:
+    upstream.reply(DESCRIBE, _described(engine))
+    config = client.get("/api/config").get_json()
+    assert (config["demo_model"], config["max_chars"]) == (False, 1234)
+
+
+@pytest.mark.parametrize(
+    "described",
+    [None, [], [{"customizedMetadata": "not json"}], [{"customizedMetadata": "[1]"}]],
+    ids=["no-reply", "empty", "bad-json", "not-an-object"],
+)
+def test_config_falls_back_when_describe_is_unreadable(
+    client: FlaskClient, upstream: Upstream, described: Any
+) -> None:
+    if described is not None:
+        upstream.reply(DESCRIBE, described)
+    config = client.get("/api/config").get_json()
+    assert (config["demo_model"], config["max_chars"]) == (False, 4000)
+
+
+# --- static files -----------------------------------------------------------------------------
+
+
+def test_favicon_is_an_image(client: FlaskClient) -> None:
+    response = client.get("/favicon.ico")
+    assert response.status_code == 200
+    assert response.mimetype.startswith("image/")
+    assert b"<svg" in response.data
+    page = client.get("/").get_data(as_text=True)
+    assert 'rel="icon"' in page
+
+
+def test_the_page_has_a_hidden_demo_notice(client: FlaskClient) -> None:
+    page = client.get("/").get_data(as_text=True)
+    assert 'id="demo-notice"' in page and "random weights" in page
