@@ -238,3 +238,38 @@ def test_stream_is_a_boolean_for_one_text() -> None:
         parse({"text": ["a", "b"], "target_lang": "fr", "stream": True})
     with pytest.raises(InvalidRequest, match="stream must be true or false"):
         parse({"text": "x", "target_lang": "fr", "stream": "yes"})
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"text": %s, "target_lang": "fr"}' % _nested(990),
+        '{"text": "a", "target_lang": "fr", "sampling": true, "top_p": %s}' % _nested(990),
+        '{"text": "a", "target_lang": "fr", "unknown": %s}' % _nested(990),
+        '{"text": "a", "target_lang": "fr", "x": ' + '{"a": ' * 3000 + "1" + "}" * 3001,
+        '{"text": "a", "target_lang": "fr", "max_new_tokens": %s}' % ("9" * 5000),
+        '{"text": "a", "target_lang": "fr", "max_new_tokens": %s}' % ("9" * 4000),
+        '{"text": "a", "target_lang": "fr", "sampling": true, "top_k": [%s]}' % ("7" * 4200),
+    ],
+)
+def test_deep_nesting_and_huge_numbers_are_client_errors(raw: str) -> None:
+    """They used to escape as RecursionError/ValueError: a 500 anyone could trigger at will."""
+    for body in (raw.encode(), raw):
+        try:
+            decoded = json.loads(body)
+        except (ValueError, RecursionError):
+            decoded = body.encode() if isinstance(body, str) else body
+        with pytest.raises(InvalidRequest) as caught:
+            parse(decoded)
+        assert len(caught.value.message) < 300
+
+
+def test_json_errors_name_the_place_once() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse(b'{"text": "a\x01", "target_lang": "fr"}')
+    assert "at at" not in caught.value.message
+    assert "Invalid control character at: line 1 column 12 (char 11)" in caught.value.message
