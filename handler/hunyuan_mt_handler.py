@@ -14,9 +14,10 @@ from typing import Any
 
 from ts.handler_utils.utils import send_intermediate_predict_response
 
-from hymt_serve.errors import HTTP_PHRASES, ConfigurationError, GenerationFailed
-from hymt_serve.service import Outcome, Reply, TranslationService
+from hymt_serve.errors import HTTP_PHRASES, ConfigurationError, GenerationFailed, ServiceError
+from hymt_serve.service import Outcome, Prepared, Reply, TranslationService
 from hymt_serve.settings import Settings
+from hymt_serve.transport import STREAM_NEXT_HEADER, Origin, body_of, origin, refusal
 
 logger = logging.getLogger(__name__)
 JSON, NDJSON = "application/json", "application/x-ndjson"
@@ -42,6 +43,7 @@ class HunyuanMTHandler:
         self.context: Any = None
         self.async_mode = False
         self.initialized = False
+        self.origins: list[Origin] = []  # of the batch being handled (batch mode)
 
     def initialize(self, context: Any) -> None:
         """Read the ``handler:`` settings, load the engine, register metrics.
@@ -75,6 +77,7 @@ class HunyuanMTHandler:
         self.context = context
         if context.get_request_header(0, "describe") == "True":
             return [json.dumps(self.describe())]
+        self.origins = _origins(context, len(data))
         replies = self.postprocess(self.inference(self.preprocess(data)))
         if len(replies) != len(data):
             raise RuntimeError(f"{len(replies)} replies for a batch of {len(data)} requests")
@@ -86,7 +89,8 @@ class HunyuanMTHandler:
         try:
             if context.get_request_header(0, "describe") == "True":
                 return [json.dumps(self.describe())]
-            outcomes = self.preprocess(data)
+            origins = _origins(context, len(data))
+            outcomes = self._prepare(data, origins)
             sink = partial(_send_delta, context)
             generated = await service.generate_async(outcomes, sink=sink)
             replies = service.render(outcomes, generated, _request_ids(context, len(data)))
@@ -97,13 +101,18 @@ class HunyuanMTHandler:
             )
             ids = _request_ids(context, len(data))
             replies = [Reply(error.status, error.body(i)) for i in ids]
-        return _respond(replies, context)
+            origins = _origins(context, len(data))
+        return _respond(replies, context, origins)
 
     def preprocess(self, data: list[dict[str, Any]]) -> list[Outcome]:
         """Parse and tokenise each request; a bad one becomes its own error."""
-        bodies = [row.get("body", row.get("data")) for row in data]
+        return self._prepare(data, self.origins)
+
+    def _prepare(self, data: list[dict[str, Any]], origins: list[Origin]) -> list[Outcome]:
         logger.debug("batch of %d requests: %s", len(data), data)
-        return self._service().prepare(bodies)
+        bodies = [_body(row, where) for row, where in zip(data, origins, strict=True)]
+        outcomes = self._service().prepare(bodies)
+        return [_fit(outcome, where) for outcome, where in zip(outcomes, origins, strict=True)]
 
     def inference(self, outcomes: list[Outcome]) -> list[Reply]:
         """Generate for every valid request of the batch at once and render the replies."""
@@ -113,7 +122,7 @@ class HunyuanMTHandler:
 
     def postprocess(self, replies: list[Reply]) -> list[str]:
         """Set each request's status and content type; JSON strings in request order."""
-        return _respond(replies, self.context)
+        return _respond(replies, self.context, self.origins)
 
     def _send_delta(self, index: int, delta: str) -> None:
         _send_delta(self.context, index, delta)
@@ -147,15 +156,47 @@ def _async_mode(context: Any) -> bool:
     return True
 
 
-def _respond(replies: list[Reply], context: Any) -> list[str]:
+def _origins(context: Any, count: int) -> list[Origin]:
+    return [origin(context.get_all_request_header(index)) for index in range(count)]
+
+
+def _body(row: dict[str, Any], where: Origin) -> Any:
+    try:
+        return body_of(row, where)
+    except ServiceError as error:
+        return error
+
+
+def _fit(outcome: Outcome, where: Origin) -> Outcome:
+    """A valid request that its interface cannot carry safely becomes its own 400."""
+    if isinstance(outcome, Prepared):
+        return refusal(where, outcome.request.stream) or outcome
+    return outcome
+
+
+def _respond(replies: list[Reply], context: Any, origins: list[Origin]) -> list[str]:
     """Set each request's status and content type; JSON strings in request order.
 
-    A streaming request's final chunk is one more JSON line (newline-delimited JSON).
+    A streaming request's final chunk is one more JSON line (newline-delimited JSON). A gRPC
+    reply is marked as the last message of its call (TorchServe's StreamPredictions fails the
+    call after a reply without that mark); a StreamPredictions2 request gets no reply.
     """
-    for index, reply in enumerate(replies):
+    for index, (reply, where) in enumerate(zip(replies, origins, strict=True)):
         context.set_response_status(reply.status, HTTP_PHRASES.get(reply.status, ""), index)
         context.set_response_content_type(index, NDJSON if reply.stream else JSON)
+        if where.grpc:
+            context.set_response_header(index, STREAM_NEXT_HEADER, "false")
+        if where is Origin.GRPC_SEQUENCE:
+            _withhold(context, index)
     return [json.dumps(r.body, ensure_ascii=False) + ("\n" if r.stream else "") for r in replies]
+
+
+def _withhold(context: Any, index: int) -> None:
+    """Send no reply for request ``index``: TorchServe's worker writes one reply for each index
+    left in ``context.request_ids`` (the very dict it encodes the answer from), and its front end
+    then forgets the request. Only for StreamPredictions2 (see hymt_serve.transport)."""
+    request_id = context.request_ids.pop(index, None)
+    logger.warning("request %s came over gRPC StreamPredictions2: refused, no reply", request_id)
 
 
 def _send_delta(context: Any, index: int, delta: str) -> None:

@@ -91,11 +91,14 @@ class TranslationService:
         self.recorder: Recorder = recorder or NullRecorder()
 
     def prepare(self, bodies: Sequence[Any]) -> list[Outcome]:
-        """Validate each body and tokenise its prompts; a failure stays in its own slot."""
+        """Validate each body and tokenise its prompts; a failure stays in its own slot (a
+        ServiceError given as a body is that request's outcome)."""
         self.recorder.requests(len(bodies))
         return [self._prepare_one(body) for body in bodies]
 
     def _prepare_one(self, body: Any) -> Outcome:
+        if isinstance(body, ServiceError):  # the transport already refused it
+            return body
         try:
             request = parse_request(body, self.settings)
             return self._tokenise(request)

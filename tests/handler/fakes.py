@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,29 @@ def make_context(
     )
 
 
-def set_batch(context: Context, size: int, headers: Sequence[dict[str, str]] | None = None) -> None:
-    """What TorchServe's worker does before each call of handle()."""
+# The header maps TorchServe 0.12.0 builds per request (seen on a running server): an HTTP JSON
+# post, a gRPC Predictions/StreamPredictions call, a gRPC StreamPredictions2 call.
+HTTP_HEADERS: dict[str, Any] = {
+    "body": {"content-type": "application/json"},
+    "Content-Type": "application/json",
+    "explain": "False",
+    "url_path": "",
+}
+GRPC_HEADERS: dict[str, Any] = {"data": {"content-type": ""}}
+GRPC_SEQUENCE_HEADERS: dict[str, Any] = {
+    "data": {"content-type": ""},
+    "ts_request_sequence_id": "seq-1",
+    "ts_request_sequence_end": "true",
+}
+
+
+def set_batch(
+    context: Context, size: int, headers: Sequence[Mapping[str, Any]] | None = None
+) -> None:
+    """What TorchServe's worker does before each call of handle() (HTTP requests by default)."""
     context.request_ids = {i: f"req-{i}" for i in range(size)}
-    context.request_processor = [RequestProcessor(dict(h)) for h in (headers or [{}] * size)]
+    chosen = headers or [HTTP_HEADERS] * size
+    context.request_processor = [RequestProcessor(dict(h)) for h in chosen]
     context.metrics.request_ids = context.request_ids
 
 

@@ -247,13 +247,13 @@ def _nested(depth: int) -> str:
 @pytest.mark.parametrize(
     "raw",
     [
-        '{"text": %s, "target_lang": "fr"}' % _nested(990),
-        '{"text": "a", "target_lang": "fr", "sampling": true, "top_p": %s}' % _nested(990),
-        '{"text": "a", "target_lang": "fr", "unknown": %s}' % _nested(990),
+        '{"text": ' + _nested(990) + ', "target_lang": "fr"}',
+        '{"text": "a", "target_lang": "fr", "sampling": true, "top_p": ' + _nested(990) + "}",
+        '{"text": "a", "target_lang": "fr", "unknown": ' + _nested(990) + "}",
         '{"text": "a", "target_lang": "fr", "x": ' + '{"a": ' * 3000 + "1" + "}" * 3001,
-        '{"text": "a", "target_lang": "fr", "max_new_tokens": %s}' % ("9" * 5000),
-        '{"text": "a", "target_lang": "fr", "max_new_tokens": %s}' % ("9" * 4000),
-        '{"text": "a", "target_lang": "fr", "sampling": true, "top_k": [%s]}' % ("7" * 4200),
+        '{"text": "a", "target_lang": "fr", "max_new_tokens": ' + "9" * 5000 + "}",
+        '{"text": "a", "target_lang": "fr", "max_new_tokens": ' + "9" * 4000 + "}",
+        '{"text": "a", "target_lang": "fr", "sampling": true, "top_k": [' + "7" * 4200 + "]}",
     ],
 )
 def test_deep_nesting_and_huge_numbers_are_client_errors(raw: str) -> None:
