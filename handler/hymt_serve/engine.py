@@ -337,15 +337,38 @@ def load_tokenizer(settings: Settings) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
     if not tokenizer.chat_template:
         raise ConfigurationError(f"the tokenizer in {settings.model_path} has no chat template")
+    turn_frame(tokenizer)  # refuse a template that does not hold the user text verbatim
     return tokenizer
 
 
-def encode_user_turn(tokenizer: Any, user_turn: str) -> list[int]:
-    """Token ids of ``user_turn`` rendered as one user turn by the chat template."""
+# Private-use characters: no chat template writes them, so they mark where the user text goes.
+_USER_SLOT = "\ue000user-turn\ue000"
+
+
+def turn_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """Token ids of the chat template before and after the user turn (special tokens parsed).
+
+    Raises ConfigurationError when the template does not place the user text once, verbatim.
+    """
     rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": user_turn}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": _USER_SLOT}], tokenize=False, add_generation_prompt=True
     )
-    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    parts = rendered.split(_USER_SLOT)
+    if len(parts) != 2:
+        raise ConfigurationError("the chat template does not hold the user turn once, verbatim")
+    before, after = (tokenizer(part, add_special_tokens=False)["input_ids"] for part in parts)
+    return list(before), list(after)
+
+
+def encode_user_turn(tokenizer: Any, user_turn: str) -> list[int]:
+    """Token ids of ``user_turn`` rendered as one user turn by the chat template.
+
+    The user turn is always encoded as plain text: a "<|eos|>" or "<|extra_0|>" in it is those
+    characters, never the control token, so user text cannot end its turn or write the model's.
+    """
+    before, after = turn_frame(tokenizer)
+    text = tokenizer(user_turn, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return [*before, *text, *after]
 
 
 def map_error(error: BaseException, rows: int) -> BaseException:

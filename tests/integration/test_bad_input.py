@@ -337,6 +337,7 @@ def test_token_cases_straddle_the_limit(tiny_model_dir: Path) -> None:
     """The token-limit cases hold for the tokenizer the running tiny model was built with."""
     from transformers import AutoTokenizer
 
+    from hymt_serve.engine import encode_user_turn
     from hymt_serve.prompts import build_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -345,10 +346,7 @@ def test_token_cases_straddle_the_limit(tiny_model_dir: Path) -> None:
 
     def prompt_tokens(text: str, target: Language) -> int:
         prompt, _ = build_prompt(text, None, target)
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        return len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+        return len(encode_user_turn(tokenizer, prompt))
 
     assert prompt_tokens(SCATTERED_HAN, english) > 1024
     assert prompt_tokens(RANDOM_WORD, french) > 1024
