@@ -23,7 +23,7 @@ curl -sS -X POST http://127.0.0.1:8080/predictions/hunyuan-mt \
   -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \
   -d '{"text": "Hello", "target_lang": "xx"}' -w '\nHTTP %{http_code}\n'
 # The web page: a small front end that holds the TorchServe key and streams translations.
-pkill -f "hymt web --workdir run" 2>/dev/null || true
+# (hymt stop above ended this work folder's previous one, through run/web.pid.)
 nohup hymt web --workdir run --port 8000 > run/web.log 2>&1 &
 cat <<'TXT'
 
@@ -31,5 +31,5 @@ TorchServe is running (inference :8080, management :8081, metrics :8082, all on 
   web page: http://127.0.0.1:8000/   (log: run/web.log)
   token:   . .venv/bin/activate && hymt token            (management: hymt token --api management)
   logs:    run/logs/
-  stop:    . .venv/bin/activate && hymt stop && pkill -f "hymt web"
+  stop:    . .venv/bin/activate && hymt stop    (TorchServe and this web page)
 TXT

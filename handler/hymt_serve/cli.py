@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -92,24 +93,54 @@ def _server(workdir: Path) -> Any:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    from .launcher import stop
+    from .launcher import stop, stop_web
 
-    stopped = stop(_server(args.workdir))
+    server = _server(args.workdir)
+    if stop_web(server):
+        print("web front end stopped")
+    stopped = stop(server)
     print("TorchServe stopped" if stopped else f"no TorchServe running from {args.workdir}")
     return 0
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    from .launcher import model_status
+    from .launcher import health
 
     try:
-        statuses = model_status(_server(args.workdir), args.model)
+        problems = health(_server(args.workdir), args.model, args.timeout)
     except Exception as exc:  # any failure to ask is "unhealthy" for a health check
-        print(f"unhealthy: {exc}", file=sys.stderr)
+        problems = [f"cannot ask the server: {type(exc).__name__}: {exc}"]
+    if problems:
+        print(f"unhealthy: {'; '.join(problems)}", file=sys.stderr)
         return 1
-    healthy = bool(statuses) and all(status == "READY" for status in statuses)
-    print(f"{'healthy' if healthy else 'unhealthy'}: workers {statuses or 'none'}")
-    return 0 if healthy else 1
+    print(f"healthy: {args.model} translates")
+    return 0
+
+
+def _cmd_scale(args: argparse.Namespace) -> int:
+    from .launcher import LaunchError, ScaleRefused, check_scale, scale
+
+    server = _server(args.workdir)
+    max_workers = args.max_workers if args.max_workers is not None else args.workers
+    try:
+        check_scale(args.workers, max_workers, _worker_ceiling(server, args))
+        statuses = scale(server, args.model, args.workers, max_workers, args.timeout)
+    except LaunchError as error:
+        print(f"hymt scale: {error}", file=sys.stderr)
+        return 2 if isinstance(error, ScaleRefused) else 1
+    print(f"{args.model}: {len(statuses)} workers READY (at most {max_workers})")
+    return 0
+
+
+def _worker_ceiling(server: Any, args: argparse.Namespace) -> int:
+    """The GPUs present when the model runs on GPUs (one worker each), else the CPU ceiling."""
+    from .launcher import model_workers
+
+    if not any(worker.get("gpu") for worker in model_workers(server, args.model)):
+        return int(args.max_cpu_workers)
+    import torch
+
+    return max(torch.cuda.device_count(), 1)
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
@@ -157,8 +188,15 @@ def _cmd_web(args: argparse.Namespace) -> int:
 
     from .web.app import create_app
 
+    server = _server(args.workdir)
+    server.workdir.mkdir(parents=True, exist_ok=True)
+    server.web_pid_path.write_text(f"{os.getpid()}\n")  # for hymt stop
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"translation page on http://{args.host}:{args.port}/ (TorchServe key stays here)")
-    serve(create_app(_server(args.workdir), args.model), host=args.host, port=args.port, threads=8)
+    try:
+        serve(create_app(server, args.model), host=args.host, port=args.port, threads=8)
+    finally:
+        server.web_pid_path.unlink(missing_ok=True)
     return 0
 
 
@@ -213,9 +251,28 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--foreground", action="store_true", help="stay attached (containers)")
     start.set_defaults(func=_cmd_start)
 
+    scale_cmd = sub.add_parser(
+        "scale", help="set the number of workers (checked), wait until they are READY"
+    )
+    scale_cmd.add_argument("workers", type=int, help="workers to run (at least 1)")
+    scale_cmd.add_argument(
+        "--max-workers", type=int, help="TorchServe's max_worker (default: same)"
+    )
+    scale_cmd.add_argument("--workdir", type=Path, default=Path("run"))
+    scale_cmd.add_argument("--model", default=DEFAULT_MODEL)
+    scale_cmd.add_argument("--timeout", type=float, default=300.0)
+    scale_cmd.add_argument(
+        "--max-cpu-workers",
+        type=int,
+        default=int(os.environ.get("HYMT_MAX_CPU_WORKERS", "4")),
+        help="ceiling for a model on CPUs, each worker holding a copy "
+        "(default $HYMT_MAX_CPU_WORKERS or 4); on GPUs the ceiling is the GPUs present",
+    )
+    scale_cmd.set_defaults(func=_cmd_scale)
+
     for name, func, text in (
-        ("stop", _cmd_stop, "stop TorchServe"),
-        ("health", _cmd_health, "exit 0 when every worker is READY"),
+        ("stop", _cmd_stop, "stop TorchServe and this work folder's web front end"),
+        ("health", _cmd_health, "exit 0 when the model translates now"),
         ("token", _cmd_token, "print a token key"),
         ("translate", _cmd_translate, "translate one text"),
         ("web", _cmd_web, "serve the translation web page"),
@@ -230,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.choices["token"].add_argument(
         "--renew", action="store_true", help="issue a new key first (the old one stops working)"
+    )
+    sub.choices["health"].add_argument(
+        "--timeout",
+        type=float,
+        default=8.0,
+        help="seconds a one-token translation may take (default 8)",
     )
     web = sub.choices["web"]
     web.add_argument("--host", default="127.0.0.1")

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 STOP_TOKENS = ("<|eos|>",)
+HANG_SECONDS = 3600.0  # test_hang_max_new_tokens: far past any response timeout
 
 
 @dataclass(frozen=True)
@@ -205,10 +206,16 @@ class HFEngine:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
     def _inject_fault(self, rows: Sequence[GenerationRow]) -> None:
-        """Test-only: a row with ``test_oom_max_new_tokens`` makes its batch run out of memory."""
+        """Test-only: a row with ``test_oom_max_new_tokens`` makes its batch run out of memory;
+        one with ``test_hang_max_new_tokens`` makes it hang (a wedged worker)."""
+        asked = {row.max_new_tokens for row in rows}
         marker = self.settings.test_oom_max_new_tokens
-        if marker and any(row.max_new_tokens == marker for row in rows):
+        if marker and marker in asked:
             raise torch.OutOfMemoryError(f"injected by test_oom_max_new_tokens={marker}")
+        hang = self.settings.test_hang_max_new_tokens
+        if hang and hang in asked:
+            logger.warning("hanging: test_hang_max_new_tokens is set (tests only)")
+            time.sleep(HANG_SECONDS)
 
     def _generate_hf(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
         by_sampling: dict[SamplingParams | None, list[int]] = defaultdict(list)

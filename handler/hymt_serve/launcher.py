@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +39,10 @@ MIN_JAVA = 11
 
 class LaunchError(RuntimeError):
     """TorchServe could not be started, became unhealthy, or a model did not get ready."""
+
+
+class ScaleRefused(LaunchError):
+    """Worker counts refused before anything is sent to TorchServe."""
 
 
 # --- Java -------------------------------------------------------------------------------------
@@ -171,13 +176,36 @@ class Server:
         return env
 
     def pid(self) -> int | None:
-        path = self.workdir / "tmp" / ".model_server.pid"
-        try:
-            pid = int(path.read_text().strip())
-            os.kill(pid, 0)
-        except (OSError, ValueError):
-            return None
-        return pid
+        return _live_pid(self.workdir / "tmp" / ".model_server.pid")
+
+    @property
+    def web_pid_path(self) -> Path:
+        """Written by ``hymt web`` for this work folder, so that ``hymt stop`` ends it too."""
+        return self.workdir / "web.pid"
+
+    def web_pid(self) -> int | None:
+        pid = _live_pid(self.web_pid_path)
+        return pid if pid is not None and _is_web(pid) else None
+
+
+def _live_pid(path: Path) -> int | None:
+    try:
+        pid = int(path.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def _is_web(pid: int) -> bool:
+    """Whether ``pid`` still runs ``hymt web`` (a pid file can outlive its process)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # no /proc (macOS): trust the pid file
+    return b"web" in command and any(
+        part.endswith((b"hymt", b"hymt_serve.cli", b"cli.py")) for part in command
+    )
 
 
 def torchserve_command() -> list[str]:
@@ -297,6 +325,104 @@ def _ready(statuses: list[str]) -> bool:
     return bool(statuses) and all(status == "READY" for status in statuses)
 
 
+# --- scaling ----------------------------------------------------------------------------------
+
+
+def check_scale(workers: int, max_workers: int, ceiling: int) -> None:
+    """Refuse worker counts that TorchServe 0.12.0 would take without a word (a negative count
+    removes every worker, a huge one starts workers until the host runs out of memory).
+
+    Raises ScaleRefused naming the bound.
+    """
+    if workers < 1:
+        raise ScaleRefused(f"workers must be at least 1, got {workers} (hymt stop stops serving)")
+    if max_workers < workers:
+        raise ScaleRefused(f"--max-workers ({max_workers}) must be at least workers ({workers})")
+    if max_workers > ceiling:
+        raise ScaleRefused(f"at most {ceiling} workers here, got {max_workers}")
+
+
+def scale(
+    server: Server, name: str, workers: int, max_workers: int, timeout: float = 300.0
+) -> list[str]:
+    """Set ``name``'s workers (always both bounds: TorchServe resets a missing max_worker) and
+    wait until exactly ``workers`` are READY; their statuses. Raises LaunchError."""
+    response = requests.put(
+        f"{server.management_url()}/models/{name}",
+        params={"min_worker": str(workers), "max_worker": str(max_workers), "synchronous": "true"},
+        headers=server.headers("management"),
+        timeout=timeout,
+    )
+    if response.status_code not in (200, 202):
+        raise LaunchError(f"TorchServe refused the scaling: {response.status_code} {response.text}")
+    deadline = time.monotonic() + timeout
+    statuses = model_status(server, name)
+    while not (len(statuses) == workers and _ready(statuses)):
+        if time.monotonic() > deadline:
+            raise LaunchError(f"workers {statuses} after {timeout:.0f} s\n{log_excerpt(server)}")
+        time.sleep(0.5)
+        statuses = model_status(server, name)
+    return statuses
+
+
+# --- health -----------------------------------------------------------------------------------
+
+HEALTH_BODY = {"text": "health check", "target_lang": "de", "max_new_tokens": 1}
+
+
+def health(server: Server, name: str, timeout: float = 8.0) -> list[str]:
+    """What stops ``name`` on ``server`` from translating now; [] when it can.
+
+    TorchServe 0.12.0's describe API can report a worker READY whose process is gone and whose
+    requests hang (a front end that lost the worker), so READY alone proves nothing: the
+    workers' processes must exist (the check runs where the server runs) and a one-token
+    translation must come back within ``timeout`` seconds.
+    """
+    workers = model_workers(server, name)
+    problems = [f"worker {w.get('id')} is {w.get('status')}" for w in workers]
+    problems = [p for p, w in zip(problems, workers, strict=True) if w.get("status") != "READY"]
+    problems += [f"worker {w.get('id')}: process {w['pid']} is gone" for w in _dead(workers)]
+    if not workers:
+        problems.append(f"no workers for {name}")
+    return problems or _translation_problem(server, name, timeout)
+
+
+def _dead(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    dead = []
+    for worker in workers:
+        pid = worker.get("pid")
+        if isinstance(pid, int) and pid > 0 and not _alive(pid):
+            dead.append(worker)
+    return dead
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def _translation_problem(server: Server, name: str, timeout: float) -> list[str]:
+    try:
+        response = requests.post(
+            f"{server.inference_url()}/predictions/{name}",
+            json=HEALTH_BODY,
+            headers=server.headers("inference"),
+            timeout=timeout,
+        )
+    except requests.Timeout:
+        return [f"a one-token translation got no answer within {timeout:g} s"]
+    except requests.RequestException as exc:
+        return [f"a one-token translation failed: {type(exc).__name__}"]
+    if response.status_code != 200:
+        return [f"a one-token translation got HTTP {response.status_code}"]
+    return []
+
+
 def log_excerpt(server: Server, lines: int = 40) -> str:
     """The last error-looking lines of the model and server logs."""
     parts = []
@@ -308,6 +434,30 @@ def log_excerpt(server: Server, lines: int = 40) -> str:
         wanted = [line for line in text if re.search(r"ERROR|Error:|Exception|raise", line)]
         parts.append(f"--- {path} ---\n" + "\n".join((wanted or text)[-lines:]))
     return "\n".join(parts) or f"(no logs in {server.log_dir})"
+
+
+def stop_web(server: Server, timeout: float = 10.0) -> bool:
+    """Stop the web front end of this work folder; True if one was running."""
+    pid = server.web_pid()
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _running(pid):
+        os.kill(pid, signal.SIGKILL)
+    server.web_pid_path.unlink(missing_ok=True)
+    return True
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a child its parent has not waited for yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return not Path("/proc").is_dir() and _alive(pid)
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def stop(server: Server, timeout: float = 60.0) -> bool:

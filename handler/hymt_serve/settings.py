@@ -37,6 +37,7 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "max_waiting_rows": (1, 1_000_000),
     "top_k": (1, 1_000),
     "test_oom_max_new_tokens": (0, 32_768),
+    "test_hang_max_new_tokens": (0, 32_768),
 }
 
 # key: (lowest, highest, lowest excluded?)
@@ -69,6 +70,9 @@ class Settings:
     # Test-only fault injection (0 = off): a batch holding a request with exactly this
     # max_new_tokens fails with a device out-of-memory error. Never set it in production.
     test_oom_max_new_tokens: int = 0
+    # Test-only (0 = off): a batch holding a request with exactly this max_new_tokens never
+    # finishes (a wedged worker, for the health check's tests). Never set it in production.
+    test_hang_max_new_tokens: int = 0
 
     @classmethod
     def from_mapping(

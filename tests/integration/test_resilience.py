@@ -2,7 +2,7 @@
 
 The server here runs one worker, batches of one request and a job queue of four, so that a
 burst overflows it; a test-only setting makes any request asking for 13 new tokens fail its
-batch with a device out-of-memory error.
+batch with a device out-of-memory error, and one asking for 11 hangs its worker.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import concurrent.futures
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from hymt_serve.launcher import Server, model_workers
 
 pytestmark = pytest.mark.integration
 OOM_MARKER = 13
+HANG_MARKER = 11
+HEALTH_TIMEOUT_S = 5
 RESPONSE_TIMEOUT_S = 30
 QUEUE = 4
 
@@ -41,6 +44,7 @@ def small_server(
         "responseTimeout": RESPONSE_TIMEOUT_S,
         "handler.max_new_tokens": 32,
         "handler.test_oom_max_new_tokens": OOM_MARKER,
+        "handler.test_hang_max_new_tokens": HANG_MARKER,
     }
     config = {"default_response_timeout": str(RESPONSE_TIMEOUT_S)}
     with running_server(
@@ -164,3 +168,50 @@ def test_a_killed_worker_is_restarted_and_in_flight_requests_fail_cleanly(
     before = [status for at, status in results if at < killed_at]
     assert before and set(before) == {200}
     assert predict(small_server)[0] == 200
+
+
+def health(server: Server) -> tuple[int, str]:
+    """``hymt health`` as the container runs it: (exit code, what it printed)."""
+    command = [sys.executable, "-m", "hymt_serve.cli", "health", "--workdir", str(server.workdir)]
+    run = subprocess.run(
+        [*command, "--timeout", str(HEALTH_TIMEOUT_S)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return run.returncode, run.stdout + run.stderr
+
+
+def until_health(server: Server, code: int, within: float) -> float:
+    """Seconds until ``hymt health`` exits with ``code``; fails after ``within`` seconds."""
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        if health(server)[0] == code:
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise AssertionError(f"hymt health never exited {code} in {within} s: {health(server)}")
+
+
+def test_health_fails_while_the_worker_is_wedged_and_recovers_after(
+    small_server: Server,
+) -> None:
+    """The describe API keeps saying READY while the worker hangs; health must not."""
+    pid = wait_until_ready(small_server)[0]["pid"]
+    assert health(small_server)[0] == 0
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        hung = pool.submit(predict, small_server, HANG_MARKER, RESPONSE_TIMEOUT_S + 60)
+        time.sleep(1)
+        assert [w["status"] for w in workers(small_server)] == ["READY"]
+        code, said = health(small_server)
+        assert code == 1 and "no answer within" in said, said
+        # TorchServe gives up on the hung batch after responseTimeout and replaces the worker.
+        until_health(small_server, 0, RESPONSE_TIMEOUT_S + 120)
+        assert hung.result()[0] >= 500
+    assert workers(small_server)[0]["pid"] != pid
+
+
+def test_health_fails_when_the_worker_process_is_gone(small_server: Server) -> None:
+    pid = int(str(wait_until_ready(small_server)[0]["pid"]))
+    os.kill(pid, signal.SIGKILL)
+    assert until_health(small_server, 1, 10) < 10
+    until_health(small_server, 0, 120)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import concurrent.futures
-import time
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 import requests
 from conftest import WRONG, refused
 
-from hymt_serve.launcher import Server, model_status
+from hymt_serve.launcher import Server, model_status, model_workers
 
 pytestmark = pytest.mark.integration
 MODEL = "hunyuan-mt"
@@ -120,39 +121,43 @@ def test_model_registration_api_is_off(server: Server) -> None:
     assert response.status_code == 405
 
 
+def hymt_scale(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "hymt_serve.cli", "scale", "--workdir", str(server.workdir)]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    "args", [["--", "-1"], ["0"], ["abc"], ["100000"], ["2", "--max-workers", "1"]]
+)
+def test_hymt_scale_refuses_bad_counts_before_touching_the_server(
+    server: Server, args: list[str]
+) -> None:
+    """TorchServe takes min_worker=-1 (removing every worker), abc and 100000 without a word."""
+    before = [w["pid"] for w in model_workers(server, MODEL)]
+    run = hymt_scale(server, *args)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "hymt scale" in run.stderr
+    assert [w["pid"] for w in model_workers(server, MODEL)] == before
+
+
 def test_scale_workers_up_and_down(server: Server) -> None:
     url = f"{server.management_url()}/models/{MODEL}"
-    headers = server.headers("management")
     assert refused(
         requests.put(
             url, params={"min_worker": 2, "synchronous": "true"}, headers=WRONG, timeout=10
         )
     )
-    up = requests.put(
-        url, params={"min_worker": 2, "synchronous": "true"}, headers=headers, timeout=240
-    )
-    assert up.status_code == 200, up.text
-    assert wait_for_workers(server, 2) == ["READY", "READY"]
+    up = hymt_scale(server, "2")
+    assert up.returncode == 0, up.stderr
+    assert model_status(server, MODEL) == ["READY", "READY"]
     assert predict(server, {"text": "hi", "target_lang": "ja"}).status_code == 200
-    down = requests.put(
-        url,
-        params={"min_worker": 1, "max_worker": 1, "synchronous": "true"},
-        headers=headers,
-        timeout=120,
-    )
-    assert down.status_code == 200, down.text
-    assert wait_for_workers(server, 1) == ["READY"]
-
-
-def wait_for_workers(server: Server, count: int, timeout: float = 120) -> list[str]:
-    deadline = time.monotonic() + timeout
-    statuses = model_status(server, MODEL)
-    while time.monotonic() < deadline and (
-        len(statuses) != count or any(s != "READY" for s in statuses)
-    ):
-        time.sleep(0.5)
-        statuses = model_status(server, MODEL)
-    return statuses
+    down = hymt_scale(server, "1")
+    assert down.returncode == 0, down.stderr
+    assert model_status(server, MODEL) == ["READY"]
+    described = requests.get(url, headers=server.headers("management"), timeout=10).json()[0]
+    assert (described["minWorkers"], described["maxWorkers"]) == (1, 1)
 
 
 def test_metrics_show_ours(server: Server) -> None:
