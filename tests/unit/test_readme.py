@@ -1,0 +1,34 @@
+"""The README's request examples are valid on the demo server (the CPU profile's settings)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hymt_serve.protocol import parse_request
+from hymt_serve.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+# A curl to the predictions endpoint, then its -d '<json>' (the README's shell examples).
+CURL_BODY = re.compile(r"curl [^\n]*?/predictions/[^']*?-d '(\{[^']*\})'", re.DOTALL)
+
+
+def demo_settings() -> Settings:
+    config = yaml.safe_load((REPO / "configs/model-config-cpu.yaml").read_text())
+    return Settings.from_mapping({**config["handler"], "model_path": "/unused"}, environ={})
+
+
+def readme_bodies() -> list[dict[str, Any]]:
+    return [json.loads(body) for body in CURL_BODY.findall((REPO / "README.md").read_text())]
+
+
+def test_every_readme_request_example_is_accepted_by_the_demo_server() -> None:
+    bodies = readme_bodies()
+    assert len(bodies) >= 4  # the single, multi-text, sampling and streaming examples
+    settings = demo_settings()
+    for body in bodies:
+        parse_request(body, settings)  # raises InvalidRequest / PayloadTooLarge
