@@ -104,7 +104,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    from .launcher import health
+    from .operate import health
 
     try:
         problems = health(_server(args.workdir), args.model, args.timeout)
@@ -118,7 +118,8 @@ def _cmd_health(args: argparse.Namespace) -> int:
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
-    from .launcher import LaunchError, ScaleRefused, check_scale, scale
+    from .launcher import LaunchError
+    from .operate import ScaleRefused, check_scale, scale
 
     server = _server(args.workdir)
     max_workers = args.max_workers if args.max_workers is not None else args.workers

@@ -41,10 +41,6 @@ class LaunchError(RuntimeError):
     """TorchServe could not be started, became unhealthy, or a model did not get ready."""
 
 
-class ScaleRefused(LaunchError):
-    """Worker counts refused before anything is sent to TorchServe."""
-
-
 # --- Java -------------------------------------------------------------------------------------
 
 
@@ -191,10 +187,20 @@ class Server:
 def _live_pid(path: Path) -> int | None:
     try:
         pid = int(path.read_text().strip())
-        os.kill(pid, 0)
     except (OSError, ValueError):
         return None
-    return pid
+    return pid if alive(pid) else None
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this host)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
 
 
 def _is_web(pid: int) -> bool:
@@ -293,7 +299,7 @@ def wait_ready(
         if process is None and server.pid() is None and time.monotonic() > grace:
             raise LaunchError(f"TorchServe is not running\n{log_excerpt(server)}")
         try:
-            if all(_ready(model_status(server, name)) for name in names):
+            if all(all_ready(model_status(server, name)) for name in names):
                 return
         except (requests.RequestException, ValueError, KeyError):
             pass
@@ -321,106 +327,8 @@ def load_failures(server: Server, name: str) -> int:
     return len({line for line in lines if marker in line})  # the log writes each line twice
 
 
-def _ready(statuses: list[str]) -> bool:
+def all_ready(statuses: list[str]) -> bool:
     return bool(statuses) and all(status == "READY" for status in statuses)
-
-
-# --- scaling ----------------------------------------------------------------------------------
-
-
-def check_scale(workers: int, max_workers: int, ceiling: int) -> None:
-    """Refuse worker counts that TorchServe 0.12.0 would take without a word (a negative count
-    removes every worker, a huge one starts workers until the host runs out of memory).
-
-    Raises ScaleRefused naming the bound.
-    """
-    if workers < 1:
-        raise ScaleRefused(f"workers must be at least 1, got {workers} (hymt stop stops serving)")
-    if max_workers < workers:
-        raise ScaleRefused(f"--max-workers ({max_workers}) must be at least workers ({workers})")
-    if max_workers > ceiling:
-        raise ScaleRefused(f"at most {ceiling} workers here, got {max_workers}")
-
-
-def scale(
-    server: Server, name: str, workers: int, max_workers: int, timeout: float = 300.0
-) -> list[str]:
-    """Set ``name``'s workers (always both bounds: TorchServe resets a missing max_worker) and
-    wait until exactly ``workers`` are READY; their statuses. Raises LaunchError."""
-    response = requests.put(
-        f"{server.management_url()}/models/{name}",
-        params={"min_worker": str(workers), "max_worker": str(max_workers), "synchronous": "true"},
-        headers=server.headers("management"),
-        timeout=timeout,
-    )
-    if response.status_code not in (200, 202):
-        raise LaunchError(f"TorchServe refused the scaling: {response.status_code} {response.text}")
-    deadline = time.monotonic() + timeout
-    statuses = model_status(server, name)
-    while not (len(statuses) == workers and _ready(statuses)):
-        if time.monotonic() > deadline:
-            raise LaunchError(f"workers {statuses} after {timeout:.0f} s\n{log_excerpt(server)}")
-        time.sleep(0.5)
-        statuses = model_status(server, name)
-    return statuses
-
-
-# --- health -----------------------------------------------------------------------------------
-
-HEALTH_BODY = {"text": "health check", "target_lang": "de", "max_new_tokens": 1}
-
-
-def health(server: Server, name: str, timeout: float = 8.0) -> list[str]:
-    """What stops ``name`` on ``server`` from translating now; [] when it can.
-
-    TorchServe 0.12.0's describe API can report a worker READY whose process is gone and whose
-    requests hang (a front end that lost the worker), so READY alone proves nothing: the
-    workers' processes must exist (the check runs where the server runs) and a one-token
-    translation must come back within ``timeout`` seconds.
-    """
-    workers = model_workers(server, name)
-    problems = [f"worker {w.get('id')} is {w.get('status')}" for w in workers]
-    problems = [p for p, w in zip(problems, workers, strict=True) if w.get("status") != "READY"]
-    problems += [f"worker {w.get('id')}: process {w['pid']} is gone" for w in _dead(workers)]
-    if not workers:
-        problems.append(f"no workers for {name}")
-    return problems or _translation_problem(server, name, timeout)
-
-
-def _dead(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    dead = []
-    for worker in workers:
-        pid = worker.get("pid")
-        if isinstance(pid, int) and pid > 0 and not _alive(pid):
-            dead.append(worker)
-    return dead
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    return True
-
-
-def _translation_problem(server: Server, name: str, timeout: float) -> list[str]:
-    try:
-        response = requests.post(
-            f"{server.inference_url()}/predictions/{name}",
-            json=HEALTH_BODY,
-            headers=server.headers("inference"),
-            timeout=timeout,
-        )
-    except requests.Timeout:
-        return [f"a one-token translation got no answer within {timeout:g} s"]
-    except requests.RequestException as exc:
-        return [f"a one-token translation failed: {type(exc).__name__}"]
-    if response.status_code != 200:
-        return [f"a one-token translation got HTTP {response.status_code}"]
-    return []
 
 
 def log_excerpt(server: Server, lines: int = 40) -> str:
@@ -456,7 +364,7 @@ def _running(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return not Path("/proc").is_dir() and _alive(pid)
+        return not Path("/proc").is_dir() and alive(pid)
     return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 

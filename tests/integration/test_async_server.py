@@ -152,3 +152,37 @@ def test_metrics_are_exported_in_async_mode(async_server: Server) -> None:
     for name in ("hymt_requests_total", "hymt_output_tokens_total", "hymt_engine_info"):
         assert f"\n{name}{{" in text, name
     assert 'ErrorType="unsupported_language"' in text and 'Engine="fast"' in text
+
+
+def test_grpc_in_async_mode_answers_whole_and_never_wedges(
+    async_server: Server, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The async handler path applies the same gRPC rules as the batch one."""
+    import grpc
+    from grpc_clients import GrpcClient, compile_protos
+
+    client = GrpcClient(async_server, compile_protos(tmp_path_factory.mktemp("async-stubs")))
+    before = pids(async_server)
+    body = {"text": "hello", "target_lang": "fr", "max_new_tokens": 3}
+    assert isinstance(client.predict(body)["translation"], str)
+    assert client.predict({**body, "stream": True})["field"] == "stream"
+    assert len(client.stream(body)) == 1
+    for keep_open in (False, True):
+        with pytest.raises(grpc.RpcError):
+            client.stream2(body, keep_open=keep_open)
+
+    def refused_stream2(_: int) -> None:
+        with pytest.raises(grpc.RpcError):
+            client.stream2(body, keep_open=False)
+
+    # A StreamPredictions2 request gets no reply; TorchServe's async front end then clears the
+    # jobs it has polled but not yet sent. Requests running beside them must not be lost.
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        plain = [pool.submit(post, async_server, body, 60) for _ in range(40)]
+        list(pool.map(refused_stream2, range(8)))
+        statuses = [future.result().status_code for future in plain]  # none hangs
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= 10  # 503: a full queue
+    assert post(async_server, body).status_code == 200
+    assert pids(async_server) == before
+    log = (async_server.log_dir / "ts_log.log").read_text(encoding="utf-8", errors="replace")
+    assert "Stream is already completed" not in log

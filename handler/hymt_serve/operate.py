@@ -1,0 +1,111 @@
+"""Operating a running server: scaling its workers with checks, and telling whether it can
+translate now (``hymt scale``, ``hymt health``).
+
+TorchServe 0.12.0's management API takes any worker count without a word, and its describe
+API can report READY for a worker it has lost; these functions do not trust either.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import requests
+
+from .launcher import (
+    LaunchError,
+    Server,
+    alive,
+    all_ready,
+    log_excerpt,
+    model_status,
+    model_workers,
+)
+
+
+class ScaleRefused(LaunchError):
+    """Worker counts refused before anything is sent to TorchServe."""
+
+
+def check_scale(workers: int, max_workers: int, ceiling: int) -> None:
+    """Refuse worker counts that TorchServe 0.12.0 would take without a word (a negative count
+    removes every worker, a huge one starts workers until the host runs out of memory).
+
+    Raises ScaleRefused naming the bound.
+    """
+    if workers < 1:
+        raise ScaleRefused(f"workers must be at least 1, got {workers} (hymt stop stops serving)")
+    if max_workers < workers:
+        raise ScaleRefused(f"--max-workers ({max_workers}) must be at least workers ({workers})")
+    if max_workers > ceiling:
+        raise ScaleRefused(f"at most {ceiling} workers here, got {max_workers}")
+
+
+def scale(
+    server: Server, name: str, workers: int, max_workers: int, timeout: float = 300.0
+) -> list[str]:
+    """Set ``name``'s workers (always both bounds: TorchServe resets a missing max_worker) and
+    wait until exactly ``workers`` are READY; their statuses. Raises LaunchError."""
+    response = requests.put(
+        f"{server.management_url()}/models/{name}",
+        params={"min_worker": str(workers), "max_worker": str(max_workers), "synchronous": "true"},
+        headers=server.headers("management"),
+        timeout=timeout,
+    )
+    if response.status_code not in (200, 202):
+        raise LaunchError(f"TorchServe refused the scaling: {response.status_code} {response.text}")
+    deadline = time.monotonic() + timeout
+    statuses = model_status(server, name)
+    while not (len(statuses) == workers and all_ready(statuses)):
+        if time.monotonic() > deadline:
+            raise LaunchError(f"workers {statuses} after {timeout:.0f} s\n{log_excerpt(server)}")
+        time.sleep(0.5)
+        statuses = model_status(server, name)
+    return statuses
+
+
+HEALTH_BODY = {"text": "health check", "target_lang": "de", "max_new_tokens": 1}
+
+
+def health(server: Server, name: str, timeout: float = 8.0) -> list[str]:
+    """What stops ``name`` on ``server`` from translating now; [] when it can.
+
+    TorchServe 0.12.0's describe API can report a worker READY whose process is gone and whose
+    requests hang (a front end that lost the worker), so READY alone proves nothing: the
+    workers' processes must exist (the check runs where the server runs) and a one-token
+    translation must come back within ``timeout`` seconds.
+    """
+    workers = model_workers(server, name)
+    if not workers:
+        return [f"no workers for {name}"]
+    problems = [
+        f"worker {w.get('id')} is {w.get('status')}" for w in workers if w.get("status") != "READY"
+    ]
+    problems += [f"worker {w.get('id')}: process {w['pid']} is gone" for w in _dead(workers)]
+    return problems or _translation_problem(server, name, timeout)
+
+
+def _dead(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    dead = []
+    for worker in workers:
+        pid = worker.get("pid")
+        if isinstance(pid, int) and pid > 0 and not alive(pid):
+            dead.append(worker)
+    return dead
+
+
+def _translation_problem(server: Server, name: str, timeout: float) -> list[str]:
+    try:
+        response = requests.post(
+            f"{server.inference_url()}/predictions/{name}",
+            json=HEALTH_BODY,
+            headers=server.headers("inference"),
+            timeout=timeout,
+        )
+    except requests.Timeout:
+        return [f"a one-token translation got no answer within {timeout:g} s"]
+    except requests.RequestException as exc:
+        return [f"a one-token translation failed: {type(exc).__name__}"]
+    if response.status_code != 200:
+        return [f"a one-token translation got HTTP {response.status_code}"]
+    return []
