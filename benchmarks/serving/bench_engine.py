@@ -38,7 +38,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hymt_serve.continuous import ADMIT_ROWS, ADMIT_WAIT_S, ContinuousBatcher
-from hymt_serve.engine import encode_user_turn, map_error
+from hymt_serve.engine import map_error
+from hymt_serve.tokenization import encode_user_turn
 from hymt_serve.fast_engine import FastGenerator
 from hymt_serve.generation import GenerationResult, GenerationRow
 from hymt_serve.languages import lookup

@@ -2,101 +2,34 @@
 
 :class:`HFEngine` loads a Hugging Face model folder (config, safetensors, tokenizer with chat
 template), renders prompts with the chat template and generates with transformers' ``generate``.
-Decoder-only details live here in one place: left padding, the prompt cut from the output, stop
-tokens, special tokens skipped in decoding, inference mode.
+Decoder-only details of generation live here: left padding, the prompt cut from the output,
+inference mode. Where and how to load is :mod:`.load_plan`; the tokenizer side (chat template,
+stop tokens, decoding) is :mod:`.tokenization`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 from .errors import ConfigurationError, GenerationFailed, OutOfMemory, ServiceError
-from .generation import FinishReason, GenerationResult, GenerationRow, SamplingParams, cut_at_stop
+from .generation import FinishReason, GenerationResult, GenerationRow, SamplingParams
+from .load_plan import LoadPlan, load_kwargs, plan_load
 from .settings import Settings
 from .tiny_model import TINY_MODEL_MARKER
+from .tokenization import encode_user_turn, load_tokenizer, make_result, pad_id, stop_ids
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-STOP_TOKENS = ("<|eos|>",)
 HANG_SECONDS = 3600.0  # test_hang_max_new_tokens: far past any response timeout
-
-
-@dataclass(frozen=True)
-class LoadPlan:
-    """Where and how the model is loaded, decided before loading (and reported after)."""
-
-    device: torch.device
-    dtype: torch.dtype
-    attention: str
-    quantization: str
-
-    def describe(self) -> dict[str, str]:
-        return {
-            "device": str(self.device),
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "attention": self.attention,
-            "quantization": self.quantization,
-        }
-
-
-def plan_load(settings: Settings, gpu_id: int | None = None) -> LoadPlan:
-    """Resolve the ``auto`` settings against this machine. Raises ConfigurationError."""
-    cuda = torch.cuda.is_available()
-    if settings.device == "cuda" and not cuda:
-        raise ConfigurationError("device is 'cuda' but no CUDA device is available")
-    use_cuda = cuda and settings.device != "cpu"
-    device = torch.device("cuda", gpu_id or 0) if use_cuda else torch.device("cpu")
-    return LoadPlan(
-        device,
-        _dtype(settings.dtype, device),
-        _attention(settings.attention, device),
-        _quantization(settings.quantization, device),
-    )
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type != "cuda":
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-
-
-def _attention(name: str, device: torch.device) -> str:
-    has_flash = importlib.util.find_spec("flash_attn") is not None
-    if name == "auto":
-        return "flash_attention_2" if has_flash and device.type == "cuda" else "sdpa"
-    if name == "flash_attention_2" and not (has_flash and device.type == "cuda"):
-        raise ConfigurationError(
-            "attention 'flash_attention_2' needs the flash_attn package and a CUDA device; "
-            "use 'auto' or 'sdpa' (PyTorch SDPA runs FlashAttention kernels on recent GPUs)"
-        )
-    return name
-
-
-def _quantization(name: str, device: torch.device) -> str:
-    if name == "none":
-        return name
-    if device.type != "cuda":
-        raise ConfigurationError(f"quantization {name!r} needs a CUDA device (bitsandbytes)")
-    if importlib.util.find_spec("bitsandbytes") is None:
-        raise ConfigurationError(
-            f"quantization {name!r} needs bitsandbytes: "
-            "pip install 'hunyuan-mt-torchserve[quantization]'"
-        )
-    return name
 
 
 class HFEngine:
@@ -107,8 +40,8 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.plan = plan
         self.settings = settings
-        self.stop_ids = _stop_ids(tokenizer, model)
-        self.pad_id = _pad_id(tokenizer, self.stop_ids)
+        self.stop_ids = stop_ids(tokenizer, model)
+        self.pad_id = pad_id(tokenizer, self.stop_ids)
         self.load_seconds = 0.0
         self.fast: Any = None  # a FastGenerator when the fast engine is in use
         self.fallback_reason: str | None = None
@@ -124,7 +57,7 @@ class HFEngine:
             raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
         started = time.perf_counter()
         tokenizer = load_tokenizer(settings)
-        model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **_load_kwargs(plan))
+        model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **load_kwargs(plan))
         if plan.quantization == "none":
             model.to(plan.device)
         model.eval()
@@ -337,47 +270,6 @@ def _ids_only(tokens: list[int], finish: FinishReason) -> GenerationResult:
     return GenerationResult("", tuple(tokens), finish)
 
 
-def load_tokenizer(settings: Settings) -> Any:
-    """The model folder's tokenizer; raises ConfigurationError without a chat template."""
-    if not (settings.model_path / "config.json").is_file():
-        raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
-    tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
-    if not tokenizer.chat_template:
-        raise ConfigurationError(f"the tokenizer in {settings.model_path} has no chat template")
-    turn_frame(tokenizer)  # refuse a template that does not hold the user text verbatim
-    return tokenizer
-
-
-# Private-use characters: no chat template writes them, so they mark where the user text goes.
-_USER_SLOT = "\ue000user-turn\ue000"
-
-
-def turn_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """Token ids of the chat template before and after the user turn (special tokens parsed).
-
-    Raises ConfigurationError when the template does not place the user text once, verbatim.
-    """
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": _USER_SLOT}], tokenize=False, add_generation_prompt=True
-    )
-    parts = rendered.split(_USER_SLOT)
-    if len(parts) != 2:
-        raise ConfigurationError("the chat template does not hold the user turn once, verbatim")
-    before, after = (tokenizer(part, add_special_tokens=False)["input_ids"] for part in parts)
-    return list(before), list(after)
-
-
-def encode_user_turn(tokenizer: Any, user_turn: str) -> list[int]:
-    """Token ids of ``user_turn`` rendered as one user turn by the chat template.
-
-    The user turn is always encoded as plain text: a "<|eos|>" or "<|extra_0|>" in it is those
-    characters, never the control token, so user text cannot end its turn or write the model's.
-    """
-    before, after = turn_frame(tokenizer)
-    text = tokenizer(user_turn, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    return [*before, *text, *after]
-
-
 def map_error(error: BaseException, rows: int) -> BaseException:
     """A scheduler's failure as the ServiceError its requests get."""
     if isinstance(error, ServiceError):
@@ -388,50 +280,6 @@ def map_error(error: BaseException, rows: int) -> BaseException:
     return GenerationFailed(
         f"generation failed: {type(error).__name__}", allowed="retry the request"
     )
-
-
-def make_result(tokenizer: Any, tokens: Sequence[int], stop_ids: set[int]) -> GenerationResult:
-    """Cut ``tokens`` at the first stop token and decode them without special tokens."""
-    kept, finish = cut_at_stop(tokens, stop_ids)
-    text = tokenizer.decode(kept, skip_special_tokens=True)
-    return GenerationResult(text=text, token_ids=tuple(kept), finish_reason=finish)
-
-
-def _load_kwargs(plan: LoadPlan) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "dtype": plan.dtype,
-        "low_cpu_mem_usage": True,
-        "attn_implementation": plan.attention,
-    }
-    if plan.quantization != "none":
-        from transformers import BitsAndBytesConfig
-
-        kwargs["device_map"] = {"": plan.device}
-        kwargs["quantization_config"] = (
-            BitsAndBytesConfig(load_in_8bit=True)
-            if plan.quantization == "int8"
-            else BitsAndBytesConfig(
-                load_in_4bit=True,
-                bnb_4bit_quant_type="nf4",
-                bnb_4bit_compute_dtype=plan.dtype,
-                bnb_4bit_use_double_quant=True,
-            )
-        )
-    return kwargs
-
-
-def _stop_ids(tokenizer: Any, model: Any) -> set[int]:
-    ids = {tokenizer.convert_tokens_to_ids(token) for token in STOP_TOKENS}
-    ids.discard(tokenizer.unk_token_id)
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    if not ids:
-        raise ConfigurationError(f"the tokenizer has none of the stop tokens {STOP_TOKENS}")
-    return {i for i in ids if isinstance(i, int)}
-
-
-def _pad_id(tokenizer: Any, stop_ids: set[int]) -> int:
-    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids))
 
 
 def _check_context(config: Any, settings: Settings) -> None:

@@ -52,7 +52,7 @@ class EngineClient:
     ``Engine`` protocol; every generation goes through :meth:`submit`."""
 
     def __init__(self, settings: Settings, gpu_id: int | None, max_waiting: int) -> None:
-        from .engine import load_tokenizer
+        from .tokenization import load_tokenizer
 
         self.settings = settings
         self.tokenizer = load_tokenizer(settings)
@@ -92,7 +92,7 @@ class EngineClient:
     # The Engine protocol.
 
     def encode_prompt(self, user_turn: str) -> list[int]:
-        from .engine import encode_user_turn
+        from .tokenization import encode_user_turn
 
         return encode_user_turn(self.tokenizer, user_turn)
 

@@ -1,0 +1,81 @@
+"""The tokenizer side of a model folder: loading it, encoding a user turn through the chat
+template (user text always as plain text), stop and pad tokens, decoding results.
+
+Decoder-only details in one place: special tokens are parsed in the template's frame only, and
+skipped when decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from .errors import ConfigurationError
+from .generation import GenerationResult, cut_at_stop
+from .settings import Settings
+
+STOP_TOKENS = ("<|eos|>",)
+
+
+def load_tokenizer(settings: Settings) -> Any:
+    """The model folder's tokenizer; raises ConfigurationError without a chat template."""
+    if not (settings.model_path / "config.json").is_file():
+        raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
+    tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
+    if not tokenizer.chat_template:
+        raise ConfigurationError(f"the tokenizer in {settings.model_path} has no chat template")
+    turn_frame(tokenizer)  # refuse a template that does not hold the user text verbatim
+    return tokenizer
+
+
+# Private-use characters: no chat template writes them, so they mark where the user text goes.
+_USER_SLOT = "\ue000user-turn\ue000"
+
+
+def turn_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """Token ids of the chat template before and after the user turn (special tokens parsed).
+
+    Raises ConfigurationError when the template does not place the user text once, verbatim.
+    """
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _USER_SLOT}], tokenize=False, add_generation_prompt=True
+    )
+    parts = rendered.split(_USER_SLOT)
+    if len(parts) != 2:
+        raise ConfigurationError("the chat template does not hold the user turn once, verbatim")
+    before, after = (tokenizer(part, add_special_tokens=False)["input_ids"] for part in parts)
+    return list(before), list(after)
+
+
+def encode_user_turn(tokenizer: Any, user_turn: str) -> list[int]:
+    """Token ids of ``user_turn`` rendered as one user turn by the chat template.
+
+    The user turn is always encoded as plain text: a "<|eos|>" or "<|extra_0|>" in it is those
+    characters, never the control token, so user text cannot end its turn or write the model's.
+    """
+    before, after = turn_frame(tokenizer)
+    text = tokenizer(user_turn, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return [*before, *text, *after]
+
+
+def make_result(tokenizer: Any, tokens: Sequence[int], stop_ids: set[int]) -> GenerationResult:
+    """Cut ``tokens`` at the first stop token and decode them without special tokens."""
+    kept, finish = cut_at_stop(tokens, stop_ids)
+    text = tokenizer.decode(kept, skip_special_tokens=True)
+    return GenerationResult(text=text, token_ids=tuple(kept), finish_reason=finish)
+
+
+def stop_ids(tokenizer: Any, model: Any) -> set[int]:
+    ids = {tokenizer.convert_tokens_to_ids(token) for token in STOP_TOKENS}
+    ids.discard(tokenizer.unk_token_id)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    if not ids:
+        raise ConfigurationError(f"the tokenizer has none of the stop tokens {STOP_TOKENS}")
+    return {i for i in ids if isinstance(i, int)}
+
+
+def pad_id(tokenizer: Any, stop_ids: set[int]) -> int:
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids))
