@@ -39,12 +39,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hymt_serve.continuous import ADMIT_ROWS, ADMIT_WAIT_S, ContinuousBatcher
 from hymt_serve.engine import map_error
-from hymt_serve.tokenization import encode_user_turn
 from hymt_serve.fast_engine import FastGenerator
 from hymt_serve.generation import GenerationResult, GenerationRow
 from hymt_serve.languages import lookup
 from hymt_serve.prompts import build_prompt
 from hymt_serve.tiny_model import build_tiny_model, default_tokenizer_dir, random_7b_model
+from hymt_serve.tokenization import encode_user_turn
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "loadtest/serving"))

@@ -101,7 +101,8 @@ class HFEngine:
         """Serve :meth:`submit` from a thread of its own (TorchServe's async mode):
         continuous batching on the fast engine, batches of ``generate`` otherwise.
         ``decode=False`` leaves the results' text empty (the caller decodes the token ids)."""
-        from .continuous import ContinuousBatcher, GenerateBatcher
+        from .continuous import ContinuousBatcher
+        from .scheduler import GenerateBatcher
 
         if self.fast is not None:
             self.scheduler = ContinuousBatcher(

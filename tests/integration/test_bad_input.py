@@ -337,8 +337,8 @@ def test_token_cases_straddle_the_limit(tiny_model_dir: Path) -> None:
     """The token-limit cases hold for the tokenizer the running tiny model was built with."""
     from transformers import AutoTokenizer
 
-    from hymt_serve.tokenization import encode_user_turn
     from hymt_serve.prompts import build_prompt
+    from hymt_serve.tokenization import encode_user_turn
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     english, french = lookup("en"), lookup("fr")
