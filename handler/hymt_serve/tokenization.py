@@ -7,6 +7,7 @@ skipped when decoding.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,11 +35,24 @@ def load_tokenizer(settings: Settings) -> Any:
 _USER_SLOT = "\ue000user-turn\ue000"
 
 
-def turn_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
+# The frame is the same for every request: computed once per tokenizer.
+_FRAMES: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], tuple[int, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def turn_frame(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Token ids of the chat template before and after the user turn (special tokens parsed).
 
     Raises ConfigurationError when the template does not place the user text once, verbatim.
     """
+    frame = _FRAMES.get(tokenizer)
+    if frame is None:
+        frame = _FRAMES[tokenizer] = _render_frame(tokenizer)
+    return frame
+
+
+def _render_frame(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": _USER_SLOT}], tokenize=False, add_generation_prompt=True
     )
@@ -46,7 +60,7 @@ def turn_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
     if len(parts) != 2:
         raise ConfigurationError("the chat template does not hold the user turn once, verbatim")
     before, after = (tokenizer(part, add_special_tokens=False)["input_ids"] for part in parts)
-    return list(before), list(after)
+    return tuple(before), tuple(after)
 
 
 def encode_user_turn(tokenizer: Any, user_turn: str) -> list[int]:
