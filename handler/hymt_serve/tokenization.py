@@ -36,12 +36,11 @@ _USER_SLOT = "\ue000user-turn\ue000"
 
 
 # The frame is the same for every request: computed once per tokenizer.
-_FRAMES: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], tuple[int, ...]]] = (
-    weakref.WeakKeyDictionary()
-)
+Frame = tuple[tuple[int, ...], tuple[int, ...]]  # ids before and after the user turn
+_FRAMES: weakref.WeakKeyDictionary[Any, Frame] = weakref.WeakKeyDictionary()
 
 
-def turn_frame(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def turn_frame(tokenizer: Any) -> Frame:
     """Token ids of the chat template before and after the user turn (special tokens parsed).
 
     Raises ConfigurationError when the template does not place the user text once, verbatim.
@@ -52,7 +51,7 @@ def turn_frame(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return frame
 
 
-def _render_frame(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _render_frame(tokenizer: Any) -> Frame:
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": _USER_SLOT}], tokenize=False, add_generation_prompt=True
     )
