@@ -14,10 +14,15 @@ from typing import Any
 
 from ts.handler_utils.utils import send_intermediate_predict_response
 
-from hymt_serve.errors import HTTP_PHRASES, ConfigurationError, GenerationFailed, ServiceError
-from hymt_serve.service import Outcome, Prepared, Reply, TranslationService
-from hymt_serve.settings import Settings
-from hymt_serve.transport import STREAM_NEXT_HEADER, Origin, body_of, origin, refusal
+from hymt_serve.request.errors import (
+    HTTP_PHRASES,
+    ConfigurationError,
+    GenerationFailed,
+    ServiceError,
+)
+from hymt_serve.request.service import Outcome, Prepared, Reply, TranslationService
+from hymt_serve.request.settings import Settings
+from hymt_serve.request.transport import STREAM_NEXT_HEADER, Origin, body_of, origin, refusal
 
 logger = logging.getLogger(__name__)
 JSON, NDJSON = "application/json", "application/x-ndjson"
@@ -50,8 +55,8 @@ class HunyuanMTHandler:
 
         Raises ConfigurationError (the worker then fails to start with that message).
         """
-        from hymt_serve.engine import load_engine
-        from hymt_serve.metrics import TorchServeRecorder
+        from hymt_serve.engine.engine import load_engine
+        from hymt_serve.request.metrics import TorchServeRecorder
 
         properties = context.system_properties
         raw = (getattr(context, "model_yaml_config", None) or {}).get("handler")
@@ -59,7 +64,7 @@ class HunyuanMTHandler:
         self.async_mode = _async_mode(context)
         engine: Any
         if self.async_mode:  # the model runs in a child process, away from this one's GIL
-            from hymt_serve.engine_process import EngineClient
+            from hymt_serve.engine.process import EngineClient
 
             engine = EngineClient(settings, properties.get("gpu_id"), settings.max_waiting_rows)
         else:
@@ -194,7 +199,7 @@ def _respond(replies: list[Reply], context: Any, origins: list[Origin]) -> list[
 def _withhold(context: Any, index: int) -> None:
     """Send no reply for request ``index``: TorchServe's worker writes one reply for each index
     left in ``context.request_ids`` (the very dict it encodes the answer from), and its front end
-    then forgets the request. Only for StreamPredictions2 (see hymt_serve.transport)."""
+    then forgets the request. Only for StreamPredictions2 (see hymt_serve.request.transport)."""
     request_id = context.request_ids.pop(index, None)
     logger.warning("request %s came over gRPC StreamPredictions2: refused, no reply", request_id)
 

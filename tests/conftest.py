@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hymt_serve.tiny_model import default_tokenizer_dir
+from hymt_serve.ops.tiny_model import default_tokenizer_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ def shared_tokenizer_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight model: the real tokenizer when present, else the fallback one."""
-    from hymt_serve.tiny_model import build_tiny_model
+    from hymt_serve.ops.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), default_tokenizer_dir())
 
@@ -37,6 +37,6 @@ def real_tokenizer_model_dir(shared_tokenizer_dir: Path, tiny_model_dir: Path) -
 @pytest.fixture(scope="session")
 def fallback_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model with the project's own small tokenizer (works anywhere)."""
-    from hymt_serve.tiny_model import build_tiny_model
+    from hymt_serve.ops.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-fallback"), None)

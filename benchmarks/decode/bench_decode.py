@@ -3,7 +3,7 @@
 A program, not a test: one run on one GPU builds the real ``hunyuan_v1_dense`` architecture
 with random bf16 weights (speed does not depend on weight values), measures the device copy
 bandwidth, and for each batch size times HF ``generate`` (eager, dynamic cache) and
-:class:`hymt_serve.fast_engine.FastGenerator`, next to the weight+KV read roofline. Random
+:class:`hymt_serve.engine.fast.FastGenerator`, next to the weight+KV read roofline. Random
 weights never choose EOS, so output lengths are fixed. Writes ``results.json``,
 ``results.md`` and ``decode.png`` to ``--out``.
 
@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
-from hymt_serve.fast_engine import FastGenerator, UnsupportedModelError
-from hymt_serve.generation import GenerationRow
-from hymt_serve.tiny_model import random_7b_model
+from hymt_serve.engine.fast import FastGenerator, UnsupportedModelError
+from hymt_serve.engine.types import GenerationRow
+from hymt_serve.ops.tiny_model import random_7b_model
 
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
 

@@ -3,7 +3,7 @@
 A program, not a test. It builds the fast engine (the 7B-shaped random-weight model on the GPU,
 or ``--tiny`` on the CPU), tokenises the load test's sentence mix with the real chat template
 and the 1.2 x source-tokens length rule of ``loadtest/serving/run_bench.py``, and drives
-:class:`hymt_serve.continuous.ContinuousBatcher` in a closed loop: each simulated user submits
+the scheduler in a closed loop: each simulated user submits
 its next text from the previous one's completion callback, so no client thread competes with
 the engine for the GIL. Per user count it reports requests/s, output tokens/s, latency, decode
 steps/s, rows per step, texts per prefill and the engine thread's host seconds per wall second
@@ -37,14 +37,14 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hymt_serve.continuous import ADMIT_ROWS, ADMIT_WAIT_S, ContinuousBatcher
-from hymt_serve.engine import map_error
-from hymt_serve.fast_engine import FastGenerator
-from hymt_serve.generation import GenerationResult, GenerationRow
-from hymt_serve.languages import lookup
-from hymt_serve.prompts import build_prompt
-from hymt_serve.tiny_model import build_tiny_model, default_tokenizer_dir, random_7b_model
-from hymt_serve.tokenization import encode_user_turn
+from hymt_serve.engine.codec import encode_user_turn
+from hymt_serve.engine.continuous import ADMIT_ROWS, ADMIT_WAIT_S, ContinuousBatcher
+from hymt_serve.engine.engine import map_error
+from hymt_serve.engine.fast import FastGenerator
+from hymt_serve.engine.types import GenerationResult, GenerationRow
+from hymt_serve.ops.tiny_model import build_tiny_model, default_tokenizer_dir, random_7b_model
+from hymt_serve.request.languages import lookup
+from hymt_serve.request.prompts import build_prompt
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "loadtest/serving"))

@@ -19,8 +19,8 @@ import torch
 from flask import Flask, jsonify, request
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hymt_serve.languages import lookup
-from hymt_serve.prompts import build_prompt
+from hymt_serve.request.languages import lookup
+from hymt_serve.request.prompts import build_prompt
 
 
 def create_app(model_path: str) -> Flask:

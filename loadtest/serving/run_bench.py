@@ -39,13 +39,13 @@ def build_model(out: Path, tokenizer_dir: Path | None, tiny: bool) -> Path:
     if (out / "config.json").is_file():
         return out
     if tiny:
-        from hymt_serve.tiny_model import build_tiny_model
+        from hymt_serve.ops.tiny_model import build_tiny_model
 
         return build_tiny_model(out, tokenizer_dir)
     import torch
     from transformers import AutoTokenizer
 
-    from hymt_serve.tiny_model import random_7b_model
+    from hymt_serve.ops.tiny_model import random_7b_model
 
     model = random_7b_model("cuda")
     model.save_pretrained(out)
@@ -161,8 +161,8 @@ def bench_torchserve(
     mode: str = "continuous",
 ) -> tuple[list[dict[str, Any]], float]:
     """One worker per GPU (TorchServe assigns GPUs to workers round robin)."""
-    from hymt_serve.archive import build_archive
-    from hymt_serve.launcher import start, stop, wait_ready
+    from hymt_serve.ops.archive import build_archive
+    from hymt_serve.ops.launcher import start, stop, wait_ready
 
     profile = "cpu" if args.tiny else "gpu"
     overrides: dict[str, Any] = {"minWorkers": gpus, "maxWorkers": gpus}
@@ -380,7 +380,7 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/hymt-serving-work"))
     args = parser.parse_args()
-    from hymt_serve.tiny_model import default_tokenizer_dir
+    from hymt_serve.ops.tiny_model import default_tokenizer_dir
 
     model_dir = build_model(args.model_dir, args.tokenizer or default_tokenizer_dir(), args.tiny)
     jobs = sentence_jobs(model_dir, args.cap if not args.tiny else 32, args.source_tokens)

@@ -9,12 +9,12 @@ import pytest
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from hymt_serve.continuous import ContinuousBatcher
-from hymt_serve.fast_attention import _triton_decode_attention, reference_decode_attention
-from hymt_serve.fast_engine import FastGenerator
-from hymt_serve.fast_forward import PackedPrompts, packed_layout
-from hymt_serve.generation import GenerationResult, GenerationRow
-from hymt_serve.tiny_model import random_7b_model
+from hymt_serve.engine.attention import _triton_decode_attention, reference_decode_attention
+from hymt_serve.engine.continuous import ContinuousBatcher
+from hymt_serve.engine.fast import FastGenerator
+from hymt_serve.engine.model import PackedPrompts, packed_layout
+from hymt_serve.engine.types import GenerationResult, GenerationRow
+from hymt_serve.ops.tiny_model import random_7b_model
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,8 +8,10 @@ from fakes import FakeEngine
 
 @pytest.fixture
 def fake_engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
-    import hymt_serve.engine
+    import hymt_serve.engine.engine
 
     engine = FakeEngine()
-    monkeypatch.setattr(hymt_serve.engine, "load_engine", lambda settings, gpu_id=None: engine)
+    monkeypatch.setattr(
+        hymt_serve.engine.engine, "load_engine", lambda settings, gpu_id=None: engine
+    )
     return engine

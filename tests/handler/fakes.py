@@ -9,7 +9,7 @@ from typing import Any
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-from hymt_serve.generation import GenerationResult, GenerationRow
+from hymt_serve.engine.types import GenerationResult, GenerationRow
 
 REPO = Path(__file__).resolve().parents[2]
 

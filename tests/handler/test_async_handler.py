@@ -15,7 +15,7 @@ from fakes import make_context, set_batch
 
 import hunyuan_mt_handler
 from hunyuan_mt_handler import HunyuanMTHandler
-from hymt_serve.errors import ConfigurationError
+from hymt_serve.request.errors import ConfigurationError
 
 ASYNC = {"asyncCommunication": True}
 BODIES: list[Any] = [

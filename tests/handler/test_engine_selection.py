@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from hymt_serve.engine import HFEngine, load_engine
-from hymt_serve.generation import GenerationRow, SamplingParams
-from hymt_serve.languages import LANGUAGES
-from hymt_serve.prompts import build_prompt
-from hymt_serve.settings import Settings
+from hymt_serve.engine.engine import HFEngine, load_engine
+from hymt_serve.engine.types import GenerationRow, SamplingParams
+from hymt_serve.request.languages import LANGUAGES
+from hymt_serve.request.prompts import build_prompt
+from hymt_serve.request.settings import Settings
 
 
 def load(model_dir: Path, **settings: Any) -> HFEngine:
@@ -55,7 +55,7 @@ def test_fast_engine_samples(tiny_model_dir: Path) -> None:
 def test_unsupported_model_falls_back_with_the_reason(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hymt_serve import fast_engine
+    from hymt_serve.engine import fast as fast_engine
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise fast_engine.UnsupportedModelError("test: not this model")
@@ -70,7 +70,7 @@ def test_unsupported_model_falls_back_with_the_reason(
 def test_injected_out_of_memory_is_a_507_error_and_the_engine_keeps_serving(
     tiny_model_dir: Path,
 ) -> None:
-    from hymt_serve.errors import OutOfMemory
+    from hymt_serve.request.errors import OutOfMemory
 
     engine = load(tiny_model_dir, engine="hf", test_oom_max_new_tokens=3)
     rows = rows_for(engine)

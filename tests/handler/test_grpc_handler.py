@@ -18,7 +18,7 @@ from fakes import (
 )
 
 from hunyuan_mt_handler import HunyuanMTHandler
-from hymt_serve.transport import Origin, origin
+from hymt_serve.request.transport import Origin, origin
 
 SETTINGS = {"model_path": "/unused", "max_new_tokens": 20, "max_chars_per_text": 100}
 ONE = {"text": "hello", "target_lang": "fr"}

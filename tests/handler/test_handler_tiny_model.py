@@ -10,11 +10,11 @@ import pytest
 from fakes import make_context, set_batch
 
 from hunyuan_mt_handler import HunyuanMTHandler
-from hymt_serve.engine import HFEngine
-from hymt_serve.generation import GenerationRow
-from hymt_serve.languages import LANGUAGES
-from hymt_serve.prompts import build_prompt
-from hymt_serve.settings import Settings
+from hymt_serve.engine.engine import HFEngine
+from hymt_serve.engine.types import GenerationRow
+from hymt_serve.request.languages import LANGUAGES
+from hymt_serve.request.prompts import build_prompt
+from hymt_serve.request.settings import Settings
 
 BOS, END_OF_USER_TURN = "<|startoftext|>", "<|extra_0|>"
 
@@ -189,7 +189,7 @@ def test_batched_greedy_equals_one_at_a_time(real_engine: HFEngine) -> None:
 
 
 def test_sampling_rows_run_beside_greedy_rows(real_engine: HFEngine) -> None:
-    from hymt_serve.generation import SamplingParams
+    from hymt_serve.engine.types import SamplingParams
 
     ids = tuple(
         real_engine.encode_prompt(
@@ -239,7 +239,7 @@ def test_fallback_tokenizer_model_serves_too(fallback_model_dir: Path) -> None:
 
 
 def test_context_window_is_checked_at_load(tiny_model_dir: Path) -> None:
-    from hymt_serve.errors import ConfigurationError
+    from hymt_serve.request.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="max_position_embeddings"):
         engine_for(tiny_model_dir, max_input_tokens=4000, max_new_tokens=200)

@@ -11,9 +11,9 @@ from fakes import make_context, set_batch
 
 import hunyuan_mt_handler
 from hunyuan_mt_handler import HunyuanMTHandler
-from hymt_serve.engine import HFEngine
-from hymt_serve.settings import Settings
-from hymt_serve.streaming import IncrementalDecoder
+from hymt_serve.engine.engine import HFEngine
+from hymt_serve.request.settings import Settings
+from hymt_serve.request.streaming import IncrementalDecoder
 
 
 @pytest.mark.parametrize(

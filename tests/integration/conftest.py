@@ -14,8 +14,8 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-from hymt_serve.archive import build_archive
-from hymt_serve.launcher import Server, start, stop, wait_ready
+from hymt_serve.ops.archive import build_archive
+from hymt_serve.ops.launcher import Server, start, stop, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "hunyuan-mt"

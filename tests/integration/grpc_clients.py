@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from conftest import MODEL, REPO
 
-from hymt_serve.launcher import Server
+from hymt_serve.ops.launcher import Server
 
 TIMEOUT_S = 60
 

@@ -6,7 +6,7 @@ import pytest
 import requests
 from conftest import refused
 
-from hymt_serve.launcher import Server, read_properties
+from hymt_serve.ops.launcher import Server, read_properties
 
 pytestmark = pytest.mark.integration
 MODEL = "hunyuan-mt"

@@ -18,7 +18,7 @@ import pytest
 import requests
 from conftest import MODEL, running_server
 
-from hymt_serve.launcher import Server, model_workers
+from hymt_serve.ops.launcher import Server, model_workers
 
 pytestmark = pytest.mark.integration
 OOM_MARKER = 9

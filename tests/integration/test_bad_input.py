@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import requests
 
-from hymt_serve.languages import SUPPORTED_CODES, Language, lookup
-from hymt_serve.launcher import Server, model_status, model_workers
+from hymt_serve.ops.launcher import Server, model_status, model_workers
+from hymt_serve.request.languages import SUPPORTED_CODES, Language, lookup
 
 pytestmark = pytest.mark.integration
 MODEL = "hunyuan-mt"
@@ -337,8 +337,8 @@ def test_token_cases_straddle_the_limit(tiny_model_dir: Path) -> None:
     """The token-limit cases hold for the tokenizer the running tiny model was built with."""
     from transformers import AutoTokenizer
 
-    from hymt_serve.prompts import build_prompt
-    from hymt_serve.tokenization import encode_user_turn
+    from hymt_serve.engine.codec import encode_user_turn
+    from hymt_serve.request.prompts import build_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     english, french = lookup("en"), lookup("fr")

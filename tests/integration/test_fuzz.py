@@ -20,8 +20,8 @@ from grpc_clients import GrpcClient, compile_protos
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hymt_serve.cli import main as hymt
-from hymt_serve.launcher import Server, model_workers
+from hymt_serve.ops.cli import main as hymt
+from hymt_serve.ops.launcher import Server, model_workers
 from hymt_serve.web.app import create_app
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ import requests
 from conftest import MODEL
 from grpc_clients import GrpcClient, compile_protos
 
-from hymt_serve.launcher import Server, model_workers
+from hymt_serve.ops.launcher import Server, model_workers
 
 pytestmark = pytest.mark.integration
 BODY = {"text": "Good morning.", "target_lang": "fr", "max_new_tokens": 4}

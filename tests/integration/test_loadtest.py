@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-from hymt_serve.launcher import Server
+from hymt_serve.ops.launcher import Server
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def test_renewed_key_replaces_the_old_one(server: Server) -> None:
         [
             sys.executable,
             "-m",
-            "hymt_serve.cli",
+            "hymt_serve.ops.cli",
             "token",
             "--renew",
             "--workdir",

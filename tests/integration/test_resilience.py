@@ -21,7 +21,7 @@ import pytest
 import requests
 from conftest import MODEL, REPO, locust_run, running_server
 
-from hymt_serve.launcher import Server, model_workers
+from hymt_serve.ops.launcher import Server, model_workers
 
 pytestmark = pytest.mark.integration
 OOM_MARKER = 13
@@ -172,7 +172,14 @@ def test_a_killed_worker_is_restarted_and_in_flight_requests_fail_cleanly(
 
 def health(server: Server) -> tuple[int, str]:
     """``hymt health`` as the container runs it: (exit code, what it printed)."""
-    command = [sys.executable, "-m", "hymt_serve.cli", "health", "--workdir", str(server.workdir)]
+    command = [
+        sys.executable,
+        "-m",
+        "hymt_serve.ops.cli",
+        "health",
+        "--workdir",
+        str(server.workdir),
+    ]
     run = subprocess.run(
         [*command, "--timeout", str(HEALTH_TIMEOUT_S)],
         capture_output=True,

@@ -11,7 +11,7 @@ import pytest
 import requests
 from conftest import WRONG, refused
 
-from hymt_serve.launcher import Server, model_status, model_workers
+from hymt_serve.ops.launcher import Server, model_status, model_workers
 
 pytestmark = pytest.mark.integration
 MODEL = "hunyuan-mt"
@@ -122,7 +122,14 @@ def test_model_registration_api_is_off(server: Server) -> None:
 
 
 def hymt_scale(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "hymt_serve.cli", "scale", "--workdir", str(server.workdir)]
+    command = [
+        sys.executable,
+        "-m",
+        "hymt_serve.ops.cli",
+        "scale",
+        "--workdir",
+        str(server.workdir),
+    ]
     return subprocess.run(
         [*command, *args], capture_output=True, text=True, timeout=300, check=False
     )

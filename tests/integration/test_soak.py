@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import locust_run
 
-from hymt_serve.launcher import Server, model_workers
+from hymt_serve.ops.launcher import Server, model_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak]
 REPO = Path(__file__).resolve().parents[2]

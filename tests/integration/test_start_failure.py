@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, free_ports
 
-from hymt_serve.archive import build_archive
+from hymt_serve.ops.archive import build_archive
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def test_bad_handler_setting_fails_start_with_its_message(
     command = [
         sys.executable,
         "-m",
-        "hymt_serve.cli",
+        "hymt_serve.ops.cli",
         "start",
         "--config",
         str(REPO / "config.properties"),

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import requests
 
-from hymt_serve.launcher import Server
+from hymt_serve.ops.launcher import Server
 
 pytestmark = pytest.mark.integration
 MODEL = "hunyuan-mt"

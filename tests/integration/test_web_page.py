@@ -17,7 +17,7 @@ import requests
 from conftest import REPO, free_ports
 from werkzeug.serving import make_server
 
-from hymt_serve.launcher import Server
+from hymt_serve.ops.launcher import Server
 from hymt_serve.web.app import create_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]

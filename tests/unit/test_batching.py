@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from hymt_serve.batching import chunks, merge, split
+from hymt_serve.request.batching import chunks, merge, split
 
 
 def test_merge_and_split_round_trip_with_failed_requests() -> None:

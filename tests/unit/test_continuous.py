@@ -12,11 +12,11 @@ import pytest
 from test_fast_engine import hf_generate, tiny_model
 from transformers import PreTrainedModel
 
-from hymt_serve.continuous import ContinuousBatcher
-from hymt_serve.errors import GenerationFailed, Overloaded
-from hymt_serve.fast_engine import FastGenerator
-from hymt_serve.generation import FinishReason, GenerationResult, GenerationRow, SamplingParams
-from hymt_serve.scheduler import GenerateBatcher
+from hymt_serve.engine.continuous import ContinuousBatcher
+from hymt_serve.engine.fast import FastGenerator
+from hymt_serve.engine.scheduler import GenerateBatcher
+from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow, SamplingParams
+from hymt_serve.request.errors import GenerationFailed, Overloaded
 
 PROMPTS = (
     (1, 17, 250, 33, 91, 402, 5),

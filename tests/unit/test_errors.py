@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from hymt_serve import errors
-from hymt_serve.errors import HTTP_PHRASES, ServiceError
+from hymt_serve.request import errors
+from hymt_serve.request.errors import HTTP_PHRASES, ServiceError
 
 ALL_ERRORS = [
     cls for cls in vars(errors).values() if isinstance(cls, type) and issubclass(cls, ServiceError)

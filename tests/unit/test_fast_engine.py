@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
-from hymt_serve.fast_engine import PREFILL_TOKENS, FastGenerator, UnsupportedModelError
-from hymt_serve.fast_forward import packed_layout
-from hymt_serve.generation import GenerationRow, SamplingParams
+from hymt_serve.engine.fast import PREFILL_TOKENS, FastGenerator, UnsupportedModelError
+from hymt_serve.engine.model import packed_layout
+from hymt_serve.engine.types import GenerationRow, SamplingParams
 
 PROMPTS = ((1, 17, 250, 33, 91, 402, 5), (1, 300, 12), (1, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53))
 MAX_NEW = (20, 6, 13)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hymt_serve.streaming import IncrementalDecoder
+from hymt_serve.request.streaming import IncrementalDecoder
 
 
 def byte_decode(ids: Sequence[int]) -> str:

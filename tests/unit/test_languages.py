@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from hymt_serve.languages import CHINESE_CODES, LANGUAGES, SUPPORTED_CODES, lookup
+from hymt_serve.request.languages import CHINESE_CODES, LANGUAGES, SUPPORTED_CODES, lookup
 
 MODEL_CARD_CODES = [
     *[

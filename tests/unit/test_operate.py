@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hymt_serve.operate import ScaleRefused, check_scale
+from hymt_serve.ops.operate import ScaleRefused, check_scale
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hymt_serve.languages import LANGUAGES
-from hymt_serve.prompts import build_prompt
+from hymt_serve.request.languages import LANGUAGES
+from hymt_serve.request.prompts import build_prompt
 
 L = LANGUAGES
 

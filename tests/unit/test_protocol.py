@@ -9,16 +9,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hymt_serve.errors import (
+from hymt_serve.engine.types import GenerationResult, SamplingParams
+from hymt_serve.request.errors import (
     InvalidRequest,
     PayloadTooLarge,
     SameLanguage,
     ServiceError,
     UnsupportedLanguage,
 )
-from hymt_serve.generation import GenerationResult, SamplingParams
-from hymt_serve.protocol import decode_body, parse_request, render_response
-from hymt_serve.settings import Settings
+from hymt_serve.request.protocol import decode_body, parse_request, render_response
+from hymt_serve.request.settings import Settings
 
 SETTINGS = Settings.from_mapping(
     {

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hymt_serve.errors import (
+from hymt_serve.request.errors import (
     InvalidRequest,
     PayloadTooLarge,
     SameLanguage,
     ServiceError,
     UnsupportedLanguage,
 )
-from hymt_serve.languages import SUPPORTED_CODES, lookup
-from hymt_serve.protocol import (
+from hymt_serve.request.languages import SUPPORTED_CODES, lookup
+from hymt_serve.request.protocol import (
     ALIASES,
     FIELDS,
     TranslationRequest,
@@ -27,7 +27,7 @@ from hymt_serve.protocol import (
     decode_body,
     parse_request,
 )
-from hymt_serve.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
+from hymt_serve.request.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
 
 CAP, MAX_TEXTS, MAX_CHARS = 32, 3, 12
 SETTINGS = Settings.from_mapping(

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from hymt_serve.protocol import parse_request
-from hymt_serve.settings import Settings
+from hymt_serve.request.protocol import parse_request
+from hymt_serve.request.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 # A curl to the predictions endpoint, then its -d '<json>' (the README's shell examples).

@@ -5,9 +5,9 @@ from typing import Any
 
 import pytest
 
-from hymt_serve.errors import ConfigurationError
-from hymt_serve.generation import SamplingParams
-from hymt_serve.settings import MODEL_PATH_ENV, Settings
+from hymt_serve.engine.types import SamplingParams
+from hymt_serve.request.errors import ConfigurationError
+from hymt_serve.request.settings import MODEL_PATH_ENV, Settings
 
 
 def load(raw: dict[str, Any], env: dict[str, str] | None = None) -> Settings:

@@ -18,7 +18,7 @@ from flask.testing import FlaskClient
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
-from hymt_serve.launcher import KEY_FILE, Server
+from hymt_serve.ops.launcher import KEY_FILE, Server
 from hymt_serve.web.app import create_app
 
 MODEL = "hunyuan-mt"

@@ -16,8 +16,8 @@ from typing import Any
 import requests
 from flask import Flask, Response, jsonify, request
 
-from ..languages import LANGUAGES
-from ..launcher import Server
+from hymt_serve.ops.launcher import Server
+from hymt_serve.request.languages import LANGUAGES
 
 DEFAULT_MAX_CHARS = 4000
 JSON, NDJSON = "application/json", "application/x-ndjson"

@@ -4,12 +4,12 @@ With ``asyncCommunication: true`` TorchServe hands each request to the handler a
 arrives; the handler submits its rows here and awaits their futures. One thread owns the model.
 :class:`Scheduler` is the submission side and the serving thread's life, shared by:
 
-- :class:`~hymt_serve.continuous.ContinuousBatcher` (the fast engine): continuous batching over
+- :class:`~hymt_serve.engine.continuous.ContinuousBatcher` (the fast engine): continuous batching over
   KV-cache slots;
 - :class:`GenerateBatcher` (transformers ``generate``): whatever waits is generated together,
   up to ``max_batch_rows``; streams run one at a time.
 
-:meth:`Scheduler.submit` raises :class:`~hymt_serve.errors.Overloaded` when ``max_waiting``
+:meth:`Scheduler.submit` raises :class:`~hymt_serve.request.errors.Overloaded` when ``max_waiting``
 rows already wait for the engine. A failure while serving rows fails their futures only; the
 thread goes on serving.
 """
@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
-from .errors import Overloaded
-from .generation import GenerationResult, GenerationRow
+from hymt_serve.engine.types import GenerationResult, GenerationRow
+from hymt_serve.request.errors import Overloaded
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .languages import LANGUAGES
+from hymt_serve.request.languages import LANGUAGES
 
 # The file that marks a folder as the random-weight demo model (the engine reports it).
 TINY_MODEL_MARKER = "TINY_MODEL.json"
@@ -93,7 +93,7 @@ def default_tokenizer_dir() -> Path | None:
     beside the current folder or beside this project's checkout; None when absent."""
     candidates = [os.environ.get(TOKENIZER_ENV, "")]
     candidates += [str(Path.cwd().parent / "shared" / "hunyuan-tokenizer")]
-    candidates += [str(Path(__file__).resolve().parents[3] / "shared" / "hunyuan-tokenizer")]
+    candidates += [str(Path(__file__).resolve().parents[4] / "shared" / "hunyuan-tokenizer")]
     for candidate in candidates:
         if candidate and (Path(candidate) / "tokenizer.json").is_file():
             return Path(candidate)
@@ -125,7 +125,7 @@ def build_fallback_tokenizer() -> Any:
 
 
 def _training_corpus() -> list[str]:
-    from .prompts import build_prompt
+    from hymt_serve.request.prompts import build_prompt
 
     english, chinese = LANGUAGES["en"], LANGUAGES["zh"]
     corpus = list(_SAMPLE_TEXT)

@@ -16,14 +16,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .batching import chunks, merge, split
-from .errors import GenerationFailed, PayloadTooLarge, ServiceError
-from .generation import GenerationResult, GenerationRow
-from .metrics import NullRecorder, Recorder
-from .prompts import Template, build_prompt
-from .protocol import TranslationRequest, parse_request, render_response
-from .settings import Settings
-from .streaming import IncrementalDecoder
+from hymt_serve.engine.types import GenerationResult, GenerationRow
+from hymt_serve.request.batching import chunks, merge, split
+from hymt_serve.request.errors import GenerationFailed, PayloadTooLarge, ServiceError
+from hymt_serve.request.metrics import NullRecorder, Recorder
+from hymt_serve.request.prompts import Template, build_prompt
+from hymt_serve.request.protocol import TranslationRequest, parse_request, render_response
+from hymt_serve.request.settings import Settings
+from hymt_serve.request.streaming import IncrementalDecoder
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from hymt_serve.fast_forward import (
+from hymt_serve.engine.model import (
     ModelShape,
     ModelWeights,
     PackedPrompts,

@@ -1,7 +1,7 @@
 """Fast generation for ``hunyuan_v1_dense``: static KV cache, CUDA-graph decode steps.
 
 :class:`FastGenerator` wraps an already loaded ``AutoModelForCausalLM`` and reuses its weight
-tensors (q/k/v and gate/up are fused in place, see :func:`hymt_serve.fast_forward.fuse_linears`).
+tensors (q/k/v and gate/up are fused in place, see :func:`hymt_serve.engine.model.fuse_linears`).
 Prefill runs eagerly; each decode step replays a CUDA graph captured for the smallest batch
 bucket that holds the live rows. The host checks for finished rows every ``sync_every`` steps
 only; finished rows then leave the batch, which shrinks to a smaller bucket.
@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hymt_serve.fast_attention import TRITON_KERNEL, kernel_name, num_splits
-from hymt_serve.fast_forward import ModelShape, extract_weights
-from hymt_serve.fast_runner import PREFILL_BUCKETS, DecodeRunner
-from hymt_serve.fast_sampling import RowSampling, record_tokens, sample_next
-from hymt_serve.generation import FinishReason, GenerationRow, cut_at_stop
+from hymt_serve.engine.attention import TRITON_KERNEL, kernel_name, num_splits
+from hymt_serve.engine.model import ModelShape, extract_weights
+from hymt_serve.engine.runner import PREFILL_BUCKETS, DecodeRunner
+from hymt_serve.engine.sampling import RowSampling, record_tokens, sample_next
+from hymt_serve.engine.types import FinishReason, GenerationRow, cut_at_stop
 
 SYNC_EVERY = 8
 # Decode steps the host may queue past a read-back before it waits for it (continuous batching).

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigurationError
-from .generation import SamplingParams
+from hymt_serve.engine.types import SamplingParams
+from hymt_serve.request.errors import ConfigurationError
 
 MODEL_PATH_ENV = "HYMT_MODEL_PATH"
 

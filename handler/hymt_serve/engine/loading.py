@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigurationError
-from .settings import Settings
+from hymt_serve.request.errors import ConfigurationError
+from hymt_serve.request.settings import Settings
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -34,10 +34,10 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import errors
-from .errors import ConfigurationError, GenerationFailed, Overloaded, ServiceError
-from .generation import FinishReason, GenerationResult, GenerationRow
-from .settings import Settings
+from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow
+from hymt_serve.request import errors
+from hymt_serve.request.errors import ConfigurationError, GenerationFailed, Overloaded, ServiceError
+from hymt_serve.request.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class EngineClient:
     ``Engine`` protocol; every generation goes through :meth:`submit`."""
 
     def __init__(self, settings: Settings, gpu_id: int | None, max_waiting: int) -> None:
-        from .tokenization import load_tokenizer
+        from hymt_serve.engine.codec import load_tokenizer
 
         self.settings = settings
         self.tokenizer = load_tokenizer(settings)
@@ -92,7 +92,7 @@ class EngineClient:
     # The Engine protocol.
 
     def encode_prompt(self, user_turn: str) -> list[int]:
-        from .tokenization import encode_user_turn
+        from hymt_serve.engine.codec import encode_user_turn
 
         return encode_user_turn(self.tokenizer, user_turn)
 
@@ -221,7 +221,7 @@ def serve_child(conn: Connection, settings: Settings, gpu_id: int | None, max_wa
     logging.basicConfig(
         level=logging.INFO, stream=sys.stdout, format="engine %(levelname)s %(name)s: %(message)s"
     )
-    from .engine import load_engine
+    from hymt_serve.engine.engine import load_engine
 
     try:
         engine = load_engine(settings, gpu_id)

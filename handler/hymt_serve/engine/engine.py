@@ -20,12 +20,17 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
-from .errors import ConfigurationError, GenerationFailed, OutOfMemory, ServiceError
-from .generation import FinishReason, GenerationResult, GenerationRow, SamplingParams
-from .load_plan import LoadPlan, load_kwargs, plan_load
-from .settings import Settings
-from .tiny_model import TINY_MODEL_MARKER
-from .tokenization import encode_user_turn, load_tokenizer, make_result, pad_id, stop_ids
+from hymt_serve.engine.codec import encode_user_turn, load_tokenizer, make_result, pad_id, stop_ids
+from hymt_serve.engine.loading import LoadPlan, load_kwargs, plan_load
+from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow, SamplingParams
+from hymt_serve.ops.tiny_model import TINY_MODEL_MARKER
+from hymt_serve.request.errors import (
+    ConfigurationError,
+    GenerationFailed,
+    OutOfMemory,
+    ServiceError,
+)
+from hymt_serve.request.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +106,8 @@ class HFEngine:
         """Serve :meth:`submit` from a thread of its own (TorchServe's async mode):
         continuous batching on the fast engine, batches of ``generate`` otherwise.
         ``decode=False`` leaves the results' text empty (the caller decodes the token ids)."""
-        from .continuous import ContinuousBatcher
-        from .scheduler import GenerateBatcher
+        from hymt_serve.engine.continuous import ContinuousBatcher
+        from hymt_serve.engine.scheduler import GenerateBatcher
 
         if self.fast is not None:
             self.scheduler = ContinuousBatcher(
@@ -330,7 +335,7 @@ def attach_fast_generator(engine: HFEngine) -> str | None:
     """Give ``engine`` a FastGenerator; returns why not, or None when attached."""
     if engine.plan.quantization != "none":
         return f"quantization {engine.plan.quantization!r} (bitsandbytes weights)"
-    from .fast_engine import FastGenerator, UnsupportedModelError
+    from hymt_serve.engine.fast import FastGenerator, UnsupportedModelError
 
     settings = engine.settings
     max_seq_len = settings.max_input_tokens + settings.max_new_tokens
@@ -363,7 +368,7 @@ def _cache_rows(model: Any, max_seq_len: int, wanted: int, device: torch.device)
         * 2
         * next(model.parameters()).element_size()
     )
-    from .fast_engine import STEP_HEADROOM
+    from hymt_serve.engine.fast import STEP_HEADROOM
 
     free, _ = torch.cuda.mem_get_info(device)
     cache_len = max_seq_len + STEP_HEADROOM  # as FastGenerator sizes it

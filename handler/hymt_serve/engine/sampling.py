@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hymt_serve.fast_forward import to_device
-from hymt_serve.generation import GenerationRow, SamplingParams
+from hymt_serve.engine.model import to_device
+from hymt_serve.engine.types import GenerationRow, SamplingParams
 
 
 @dataclass(frozen=True)

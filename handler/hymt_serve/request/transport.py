@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from .errors import InvalidRequest
+from hymt_serve.request.errors import InvalidRequest
 
 SEQUENCE_ID_HEADER = "ts_request_sequence_id"  # TorchServe's default ts_header_key_sequence_id
 STREAM_NEXT_HEADER = "ts_stream_next"

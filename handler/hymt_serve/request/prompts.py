@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .languages import Language, looks_chinese
+from hymt_serve.request.languages import Language, looks_chinese
 
 Template = Literal["zh", "en"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import requests
 
-from .launcher import (
+from hymt_serve.ops.launcher import (
     LaunchError,
     Server,
     alive,

@@ -13,9 +13,9 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from .errors import ConfigurationError
-from .generation import GenerationResult, cut_at_stop
-from .settings import Settings
+from hymt_serve.engine.types import GenerationResult, cut_at_stop
+from hymt_serve.request.errors import ConfigurationError
+from hymt_serve.request.settings import Settings
 
 STOP_TOKENS = ("<|eos|>",)
 

@@ -13,7 +13,7 @@ Exception tree::
     ConfigurationError            -- bad settings at start-up (not an HTTP error: the worker
                                      refuses to start and the message says which key is wrong)
 
-Foreign exceptions are translated into these once, in :mod:`hymt_serve.service`.
+Foreign exceptions are translated into these once, in :mod:`hymt_serve.request.service`.
 """
 
 from __future__ import annotations

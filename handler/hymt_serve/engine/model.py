@@ -9,7 +9,7 @@ match transformers' to rounding; the unit tests check that.
 
 The decode step is three functions (``first``, ``middle``, ``last``) that take weights as
 arguments, so one compiled version serves all layers; attention sits between them, outside
-the compiled code (:mod:`hymt_serve.fast_attention`).
+the compiled code (:mod:`hymt_serve.engine.attention`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hymt_serve.fast_attention import decode_attention
+from hymt_serve.engine.attention import decode_attention
 
 # Per layer: input_norm, qkv, q_norm, k_norm, o, post_norm, gate_up, down.
 LayerWeights = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]

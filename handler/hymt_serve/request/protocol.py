@@ -21,11 +21,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .errors import InvalidRequest, PayloadTooLarge, SameLanguage, UnsupportedLanguage
-from .generation import GenerationResult, SamplingParams
-from .languages import SUPPORTED_CODES, Language, lookup
-from .prompts import Template
-from .settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
+from hymt_serve.engine.types import GenerationResult, SamplingParams
+from hymt_serve.request.errors import (
+    InvalidRequest,
+    PayloadTooLarge,
+    SameLanguage,
+    UnsupportedLanguage,
+)
+from hymt_serve.request.languages import SUPPORTED_CODES, Language, lookup
+from hymt_serve.request.prompts import Template
+from hymt_serve.request.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
 
 ALIASES = {"src_lang": "source_lang", "tgt_lang": "target_lang"}
 # A valid body nests 2 levels (object -> list of texts); anything far deeper is refused before

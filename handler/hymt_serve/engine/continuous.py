@@ -10,11 +10,11 @@ arrives; the handler submits its rows here and awaits their futures. One thread 
   streaming rows get their new tokens at those read-backs. Read-backs are asynchronous (the
   host queues up to ``LOOKAHEAD`` more steps before it waits for one) and admitting a row never
   waits for the GPU, so the GPU is not left idle while the host does its bookkeeping.
-- :class:`~hymt_serve.scheduler.GenerateBatcher` (transformers ``generate``, in
+- :class:`~hymt_serve.engine.scheduler.GenerateBatcher` (transformers ``generate``, in
   :mod:`.scheduler` with the submission side both share): whatever waits is generated
   together, up to ``max_batch_rows``; streams run one at a time.
 
-:meth:`Scheduler.submit` raises :class:`~hymt_serve.errors.Overloaded` when ``max_waiting``
+:meth:`Scheduler.submit` raises :class:`~hymt_serve.request.errors.Overloaded` when ``max_waiting``
 rows already wait for the engine. A failure while serving rows fails their futures only (an
 error in a decode step fails the running rows); the thread goes on serving.
 """
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .fast_engine import LOOKAHEAD, PREFILL_TOKENS, SYNC_EVERY, FastGenerator
-from .fast_forward import to_device
-from .fast_sampling import SlotSampling, record_tokens, sample_next
-from .generation import FinishReason, GenerationResult, GenerationRow, cut_at_stop
-from .scheduler import ErrorMap, GenerateBatcher, Job, Scheduler
+from hymt_serve.engine.fast import LOOKAHEAD, PREFILL_TOKENS, SYNC_EVERY, FastGenerator
+from hymt_serve.engine.model import to_device
+from hymt_serve.engine.sampling import SlotSampling, record_tokens, sample_next
+from hymt_serve.engine.scheduler import ErrorMap, GenerateBatcher, Job, Scheduler
+from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow, cut_at_stop
 
 __all__ = ["ADMIT_ROWS", "ADMIT_WAIT_S", "ContinuousBatcher", "GenerateBatcher", "Readback"]
 

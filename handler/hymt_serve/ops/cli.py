@@ -19,7 +19,7 @@ DEFAULT_MODEL = "hunyuan-mt"
 
 
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
-    from .tiny_model import build_tiny_model, default_tokenizer_dir
+    from hymt_serve.ops.tiny_model import build_tiny_model, default_tokenizer_dir
 
     tokenizer = None if args.fallback_tokenizer else (args.tokenizer or default_tokenizer_dir())
     out = build_tiny_model(args.out, tokenizer)
@@ -31,7 +31,7 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_archive(args: argparse.Namespace) -> int:
-    from .archive import build_archive, parse_override
+    from hymt_serve.ops.archive import build_archive, parse_override
 
     template = args.template or Path("configs") / f"model-config-{args.profile}.yaml"
     path = build_archive(
@@ -57,8 +57,8 @@ def _model_names(models: Sequence[str], load_models: str) -> list[str]:
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
-    from .launcher import LaunchError, stop, wait_ready
-    from .launcher import start as start_server
+    from hymt_serve.ops.launcher import LaunchError, stop, wait_ready
+    from hymt_serve.ops.launcher import start as start_server
 
     overrides = dict(item.split("=", 1) for item in args.set)
     try:
@@ -87,13 +87,13 @@ def _cmd_start(args: argparse.Namespace) -> int:
 
 
 def _server(workdir: Path) -> Any:
-    from .launcher import Server
+    from hymt_serve.ops.launcher import Server
 
     return Server(workdir.resolve())
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    from .launcher import stop, stop_web
+    from hymt_serve.ops.launcher import stop, stop_web
 
     server = _server(args.workdir)
     if stop_web(server):
@@ -104,7 +104,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    from .operate import health
+    from hymt_serve.ops.operate import health
 
     try:
         problems = health(_server(args.workdir), args.model, args.timeout)
@@ -118,8 +118,8 @@ def _cmd_health(args: argparse.Namespace) -> int:
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
-    from .launcher import LaunchError
-    from .operate import ScaleRefused, check_scale, scale
+    from hymt_serve.ops.launcher import LaunchError
+    from hymt_serve.ops.operate import ScaleRefused, check_scale, scale
 
     server = _server(args.workdir)
     max_workers = args.max_workers if args.max_workers is not None else args.workers
@@ -135,7 +135,7 @@ def _cmd_scale(args: argparse.Namespace) -> int:
 
 def _worker_ceiling(server: Any, args: argparse.Namespace) -> int:
     """The GPUs present when the model runs on GPUs (one worker each), else the CPU ceiling."""
-    from .launcher import model_workers
+    from hymt_serve.ops.launcher import model_workers
 
     if not any(worker.get("gpu") for worker in model_workers(server, args.model)):
         return int(args.max_cpu_workers)

@@ -65,7 +65,7 @@ def build_archive(
     with tempfile.TemporaryDirectory(prefix="hymt-archive-") as tmp:
         stage = Path(tmp)
         extra = stage / "extra"
-        shutil.copytree(Path(__file__).parent, extra / "hymt_serve", ignore=_SKIP)
+        shutil.copytree(Path(__file__).parents[1], extra / "hymt_serve", ignore=_SKIP)
         if bundle_weights:
             shutil.copytree(model_path, extra / BUNDLED_MODEL_DIR, ignore=_SKIP)
         recorded_path = BUNDLED_MODEL_DIR if bundle_weights else str(model_path.resolve())
