@@ -6,6 +6,7 @@ TorchServe imports this module by name and instantiates its one class. All logic
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable
@@ -17,8 +18,9 @@ from ts.handler_utils.utils import send_intermediate_predict_response
 from hymt_serve.request.errors import (
     HTTP_PHRASES,
     ConfigurationError,
-    GenerationFailed,
+    Overloaded,
     ServiceError,
+    as_service_error,
 )
 from hymt_serve.request.service import Outcome, Prepared, Reply, TranslationService
 from hymt_serve.request.settings import Settings
@@ -26,6 +28,7 @@ from hymt_serve.request.transport import STREAM_NEXT_HEADER, Origin, body_of, or
 
 logger = logging.getLogger(__name__)
 JSON, NDJSON = "application/json", "application/x-ndjson"
+DESCRIBE_TIMEOUT_S = 30.0  # async mode: how long a describe call waits for the engine process
 
 
 class HunyuanMTHandler:
@@ -67,7 +70,7 @@ class HunyuanMTHandler:
             from hymt_serve.engine.process import EngineClient
 
             engine = EngineClient(settings, properties.get("gpu_id"), settings.max_waiting_rows)
-        else:
+        else:  # the engine steps on this thread while a batch is handled
             engine = load_engine(settings, properties.get("gpu_id"))
         recorder = TorchServeRecorder(context.metrics, context.model_name)
         recorder.engine_info(engine.describe())
@@ -93,17 +96,14 @@ class HunyuanMTHandler:
         service = self._service()
         try:
             if context.get_request_header(0, "describe") == "True":
-                return [json.dumps(self.describe())]
+                return [json.dumps(await self._describe_async())]
             origins = _origins(context, len(data))
             outcomes = self._prepare(data, origins)
             sink = partial(_send_delta, context)
             generated = await service.generate_async(outcomes, sink=sink)
             replies = service.render(outcomes, generated, _request_ids(context, len(data)))
         except Exception as exc:  # never raise here: TorchServe would fail every request
-            logger.exception("handling a request failed")
-            error = GenerationFailed(
-                f"the request failed: {type(exc).__name__}", allowed="retry the request"
-            )
+            error = as_service_error(exc)
             ids = _request_ids(context, len(data))
             replies = [Reply(error.status, error.body(i)) for i in ids]
             origins = _origins(context, len(data))
@@ -128,6 +128,24 @@ class HunyuanMTHandler:
     def postprocess(self, replies: list[Reply]) -> list[str]:
         """Set each request's status and content type; JSON strings in request order."""
         return _respond(replies, self.context, self.origins)
+
+    async def _describe_async(self) -> dict[str, Any]:
+        """:meth:`describe` without blocking the event loop: the engine process answers while
+        other requests go on."""
+        service = self._service()
+        engine = service.engine
+        try:
+            facts = await asyncio.wait_for(
+                asyncio.wrap_future(engine.describe_later()),  # type: ignore[attr-defined]
+                DESCRIBE_TIMEOUT_S,
+            )
+        except TimeoutError:
+            raise Overloaded(
+                f"the engine process did not answer in {DESCRIBE_TIMEOUT_S:g} s",
+                allowed="retry later",
+            ) from None
+        engine_facts = engine.with_process(facts)  # type: ignore[attr-defined]
+        return {"engine": engine_facts, "settings": service.settings.public()}
 
     def _send_delta(self, index: int, delta: str) -> None:
         _send_delta(self.context, index, delta)

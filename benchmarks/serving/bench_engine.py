@@ -1,11 +1,11 @@
-"""The continuous batcher alone: its speed without TorchServe, HTTP or a load generator.
+"""The engine's scheduler alone: its speed without TorchServe, HTTP or a load generator.
 
 A program, not a test. It builds the fast engine (the 7B-shaped random-weight model on the GPU,
 or ``--tiny`` on the CPU), tokenises the load test's sentence mix with the real chat template
-and the 1.2 x source-tokens length rule of ``loadtest/serving/run_bench.py``, and drives
-the scheduler in a closed loop: each simulated user submits
-its next text from the previous one's completion callback, so no client thread competes with
-the engine for the GIL. Per user count it reports requests/s, output tokens/s, latency, decode
+and the 1.2 x source-tokens length rule of ``loadtest/serving/run_bench.py``, and drives the
+production scheduler (on its serving thread, as in async mode) in a closed loop: each simulated
+user submits its next text from the previous one's completion callback, so no client thread
+competes with the engine for the GIL. Per user count it reports requests/s, output tokens/s, latency, decode
 steps/s, rows per step, texts per prefill and the engine thread's host seconds per wall second
 in admitting (prefill), stepping and reading back. ``--admit-wait-ms``/``--admit-rows`` sweep the
 admission policy. Writes ``engine.json`` and ``engine.md`` to ``--out``. ``--profile-users N``
@@ -38,9 +38,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hymt_serve.engine.codec import encode_user_turn
-from hymt_serve.engine.continuous import ADMIT_ROWS, ADMIT_WAIT_S, ContinuousBatcher
-from hymt_serve.engine.engine import map_error
-from hymt_serve.engine.fast import FastGenerator
+from hymt_serve.engine.fast import build_fast_runner
+from hymt_serve.engine.runner import FastRunner
+from hymt_serve.engine.scheduler import ADMIT_ROWS, ADMIT_WAIT_S, Scheduler
 from hymt_serve.engine.types import GenerationResult, GenerationRow
 from hymt_serve.ops.tiny_model import build_tiny_model, default_tokenizer_dir, random_7b_model
 from hymt_serve.request.languages import lookup
@@ -64,7 +64,7 @@ def sentence_rows(tokenizer: Any, cap: int) -> list[GenerationRow]:
     return rows
 
 
-def build(args: argparse.Namespace) -> tuple[FastGenerator, Any]:
+def build(args: argparse.Namespace) -> tuple[FastRunner, Any]:
     if args.tiny:
         folder = build_tiny_model(args.work / "tiny-model", args.tokenizer)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -72,14 +72,14 @@ def build(args: argparse.Namespace) -> tuple[FastGenerator, Any]:
     else:
         model = random_7b_model("cuda")
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    fast = FastGenerator.from_model(model, max_batch_size=args.slots, max_seq_len=args.max_seq_len)
+    fast = build_fast_runner(model, max_batch_size=args.slots, max_seq_len=args.max_seq_len)
     return fast, tokenizer
 
 
 class ClosedLoop:
     """``users`` simulated users, each submitting its next text when the last one finishes."""
 
-    def __init__(self, batcher: ContinuousBatcher, rows: list[GenerationRow], users: int) -> None:
+    def __init__(self, batcher: Scheduler, rows: list[GenerationRow], users: int) -> None:
         self.batcher, self.rows = batcher, rows
         self.rng = random.Random(users)
         self.latencies: list[float] = []
@@ -113,8 +113,8 @@ class ClosedLoop:
         self._submit()
 
 
-class ProfiledBatcher(ContinuousBatcher):
-    """The continuous batcher with a switch for cProfile on its own thread (cProfile only
+class ProfiledBatcher(Scheduler):
+    """The scheduler with a switch for cProfile on its own thread (cProfile only
     follows the thread that enables it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -123,14 +123,14 @@ class ProfiledBatcher(ContinuousBatcher):
         self.profile: cProfile.Profile | None = None
         self.profile_done = threading.Event()
 
-    def _step(self) -> None:
+    def _decode(self) -> None:
         if self.want_profile and self.profile is None:
             self.profile = cProfile.Profile()
             self.profile.enable()
         elif not self.want_profile and self.profile is not None and not self.profile_done.is_set():
             self.profile.disable()
             self.profile_done.set()
-        super()._step()
+        super()._decode()
 
 
 def profile_window(
@@ -177,7 +177,7 @@ def profile_window(
 
 
 def measure(
-    batcher: ContinuousBatcher, rows: list[GenerationRow], users: int, duration: float
+    batcher: Scheduler, rows: list[GenerationRow], users: int, duration: float
 ) -> dict[str, Any]:
     before = dict(batcher.stats)
     loop = ClosedLoop(batcher, rows, users)
@@ -238,8 +238,7 @@ def main() -> None:
         fast,
         [STOP_ID],
         lambda tokens, finish: GenerationResult("", tuple(tokens), finish),
-        max_waiting=1_000_000,
-        on_error=map_error,
+        max_seq_len=args.max_seq_len,
         admit_rows=args.admit_rows,
         admit_wait_s=args.admit_wait_ms / 1000,
     )
@@ -271,7 +270,7 @@ def main() -> None:
     table = ["| " + " | ".join(columns) + " |", "|" + " ---: |" * len(columns)]
     table += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in results]
     (args.out / "engine.md").write_text(
-        f"# Continuous batcher alone: {device}, {report['date']}\n\n"
+        f"# Engine alone (scheduler + fast runner): {device}, {report['date']}\n\n"
         f"admit_rows {args.admit_rows}, admit_wait_ms {args.admit_wait_ms}, slots {args.slots}, "
         f"{len(rows)} texts, {args.duration:.0f} s per level\n\n" + "\n".join(table) + "\n"
     )

@@ -11,7 +11,5 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
     import hymt_serve.engine.engine
 
     engine = FakeEngine()
-    monkeypatch.setattr(
-        hymt_serve.engine.engine, "load_engine", lambda settings, gpu_id=None: engine
-    )
+    monkeypatch.setattr(hymt_serve.engine.engine, "load_engine", lambda *args, **kw: engine)
     return engine

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-from hymt_serve.engine.types import GenerationResult, GenerationRow
+from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.request.errors import as_service_error
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,26 +67,44 @@ def set_batch(
 
 
 class FakeEngine:
-    """Encodes characters as ids; "translates" by upper-casing the source text of the prompt."""
+    """Encodes characters as ids; "translates" by upper-casing the source text of the prompt.
+
+    Rows submitted before :meth:`run` make one batch (``calls`` records the batch sizes); with
+    ``failure`` set, the engine fails that batch's rows with it (as the scheduler does). A
+    streaming row gets its ids one at a time."""
 
     def __init__(self, failure: BaseException | None = None) -> None:
         self.failure = failure
         self.calls: list[int] = []
+        self._queued: list[tuple[GenerationRow, Future[GenerationResult], OnTokens | None]] = []
 
     def encode_prompt(self, user_turn: str) -> list[int]:
         return [ord(c) for c in user_turn]
 
-    def generate(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
-        self.calls.append(len(rows))
-        if self.failure is not None:
-            raise self.failure
-        results = []
-        for row in rows:
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(map(chr, token_ids))
+
+    def submit(
+        self, row: GenerationRow, on_tokens: OnTokens | None = None
+    ) -> Future[GenerationResult]:
+        future: Future[GenerationResult] = Future()
+        self._queued.append((row, future, on_tokens))
+        return future
+
+    def run(self, futures: Sequence[Future[GenerationResult]]) -> None:
+        queued, self._queued = self._queued, []
+        if queued:
+            self.calls.append(len(queued))
+        for row, future, on_tokens in queued:
+            if self.failure is not None:
+                future.set_exception(as_service_error(self.failure, rows=len(queued)))
+                continue
             source = "".join(chr(i) for i in row.prompt_ids).split("\n\n", 1)[1]
             ids = tuple(ord(c) for c in source.upper())[: row.max_new_tokens]
+            for token in ids if on_tokens is not None else ():
+                on_tokens([token])  # type: ignore[misc]
             finish = "stop" if len(ids) < row.max_new_tokens else "length"
-            results.append(GenerationResult("".join(map(chr, ids)), ids, finish))
-        return results
+            future.set_result(GenerationResult("".join(map(chr, ids)), ids, finish))
 
     def describe(self) -> dict[str, Any]:
         return {

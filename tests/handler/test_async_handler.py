@@ -137,6 +137,44 @@ def test_describe_is_answered_in_async_mode(async_handler: tuple[HunyuanMTHandle
     assert json.loads(asyncio.run(describe()))["engine"]["scheduler"]["max_waiting"] == 1024
 
 
+def test_a_slow_describe_does_not_hold_up_other_requests(
+    async_handler: tuple[HunyuanMTHandler, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine process does not answer a describe call (here: the message is lost): a
+    translation sent meanwhile is answered at once, the describe call times out on its own.
+    (Waiting for the answer used to block the event loop for up to 30 s.)"""
+    handler, context = async_handler
+    engine: Any = handler._service().engine
+    monkeypatch.setattr(hunyuan_mt_handler, "DESCRIBE_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(engine, "_try_send", lambda message: True)  # sent nowhere
+    finished: dict[str, float] = {}
+
+    async def describe() -> None:
+        own = copy.deepcopy(context)
+        set_batch(own, 1, [{"describe": "True"}])
+        (text,) = await handler.handle([{"body": b""}], own)  # type: ignore[misc]
+        finished["describe"] = loop.time()
+        assert own.get_response_status(0)[0] == 503
+        assert "did not answer in 3 s" in json.loads(text)["error"]
+
+    async def translate() -> None:
+        await asyncio.sleep(0.2)  # the describe call is waiting by now
+        monkeypatch.undo()  # the engine answers translations again
+        monkeypatch.setattr(hunyuan_mt_handler, "DESCRIBE_TIMEOUT_S", 3.0)
+        status, _, _ = await one_call(handler, context, BODIES[0], "t")
+        assert status == 200
+        finished["translate"] = loop.time()
+
+    async def both() -> None:
+        await asyncio.gather(describe(), translate())
+
+    loop = asyncio.new_event_loop()
+    started = loop.time()
+    loop.run_until_complete(both())
+    loop.close()
+    assert finished["translate"] - started < 2.5 < finished["describe"] - started
+
+
 def test_an_unexpected_failure_is_one_reply_not_an_exception(
     async_handler: tuple[HunyuanMTHandler, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

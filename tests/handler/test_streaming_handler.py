@@ -11,7 +11,7 @@ from fakes import make_context, set_batch
 
 import hunyuan_mt_handler
 from hunyuan_mt_handler import HunyuanMTHandler
-from hymt_serve.engine.engine import HFEngine
+from hymt_serve.engine.codec import TokenCodec
 from hymt_serve.request.settings import Settings
 from hymt_serve.request.streaming import IncrementalDecoder
 
@@ -23,7 +23,7 @@ from hymt_serve.request.streaming import IncrementalDecoder
 def test_real_tokenizer_deltas_never_split_a_character(
     real_tokenizer_model_dir: Path, text: str
 ) -> None:
-    engine = HFEngine.load(
+    engine = TokenCodec.load(
         Settings.from_mapping({"model_path": str(real_tokenizer_model_dir)}, environ={})
     )
     ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]

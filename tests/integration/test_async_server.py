@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 OOM_MARKER = 9
 SLOTS = 2
 MAX_WAITING = 6
+BURST = {"text": "Burst", "target_lang": "fr", "max_new_tokens": 24}
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,25 @@ def pids(server: Server) -> list[object]:
     return [w["pid"] for w in model_workers(server, MODEL)]
 
 
+def engine_facts(server: Server) -> dict[str, Any]:
+    """The describe API's engine facts: the child process's scheduler counters, which start
+    from zero whenever that process is replaced, and the process itself (pid, restarts)."""
+    response = requests.get(
+        f"{server.management_url()}/models/{MODEL}?customized=true",
+        headers=server.headers("management"),
+        timeout=30,
+    )
+    custom = response.json()[0]["customizedMetadata"]
+    custom = json.loads(custom) if isinstance(custom, str) else custom
+    return dict(custom["engine"])
+
+
+def burst(server: Server, count: int = 40) -> list[requests.Response]:
+    """``count`` requests at once: far more than the slots plus the waiting line take."""
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        return list(pool.map(lambda _: post(server, BURST), range(count)))
+
+
 def test_valid_bad_and_streaming_requests_in_flight_together(async_server: Server) -> None:
     before = pids(async_server)
     valid = {"text": "The weather is nice today.", "target_lang": "fr", "max_new_tokens": 8}
@@ -84,14 +104,12 @@ def test_valid_bad_and_streaming_requests_in_flight_together(async_server: Serve
 
 
 def test_a_burst_beyond_the_waiting_line_gets_fast_503s(async_server: Server) -> None:
-    body = {"text": "Burst", "target_lang": "fr", "max_new_tokens": 24}
-    with concurrent.futures.ThreadPoolExecutor(40) as pool:
-        responses = list(pool.map(lambda _: post(async_server, body), range(40)))
+    responses = burst(async_server)
     statuses = [r.status_code for r in responses]
     assert set(statuses) <= {200, 503} and statuses.count(200) >= SLOTS + MAX_WAITING
     refused = [r.json() for r in responses if r.status_code == 503]
     assert refused and all(body["error_type"] == "overloaded" for body in refused)
-    assert post(async_server, body).status_code == 200  # healthy afterwards
+    assert post(async_server, BURST).status_code == 200  # healthy afterwards
 
 
 def test_out_of_memory_fails_only_its_request(async_server: Server) -> None:
@@ -106,28 +124,22 @@ def test_out_of_memory_fails_only_its_request(async_server: Server) -> None:
 
 
 def test_describe_shows_the_continuous_scheduler(async_server: Server) -> None:
-    response = requests.get(
-        f"{async_server.management_url()}/models/{MODEL}?customized=true",
-        headers=async_server.headers("management"),
-        timeout=30,
-    )
-    custom = response.json()[0]["customizedMetadata"]
-    custom = json.loads(custom) if isinstance(custom, str) else custom
-    scheduler = custom["engine"]["scheduler"]
+    """The counters move with this test's own burst: no earlier test's traffic is needed (the
+    counters live in the engine process and start again from zero when it is replaced)."""
+    before = engine_facts(async_server)
+    statuses = [r.status_code for r in burst(async_server)]
+    assert 200 in statuses and 503 in statuses  # the burst both finished and refused rows
+    after = engine_facts(async_server)
+    assert after["process"] == before["process"]  # same engine process: comparable counters
+    scheduler = after["scheduler"]
     assert scheduler["scheduler"] == "continuous" and scheduler["slots"] == SLOTS
-    assert scheduler["finished"] > 0 and scheduler["rejected"] > 0
+    assert scheduler["finished"] >= before["scheduler"]["finished"] + statuses.count(200)
+    assert scheduler["rejected"] >= before["scheduler"]["rejected"] + statuses.count(503)
 
 
 def test_a_dead_engine_process_is_replaced_in_the_same_worker(async_server: Server) -> None:
     def engine_process() -> dict[str, int]:
-        response = requests.get(
-            f"{async_server.management_url()}/models/{MODEL}?customized=true",
-            headers=async_server.headers("management"),
-            timeout=30,
-        )
-        custom = response.json()[0]["customizedMetadata"]
-        custom = json.loads(custom) if isinstance(custom, str) else custom
-        return dict(custom["engine"]["process"])
+        return dict(engine_facts(async_server)["process"])
 
     worker, child = pids(async_server), engine_process()
     body = {"text": "Long one", "target_lang": "fr", "max_new_tokens": 24}

@@ -36,7 +36,7 @@ def test_engine_benchmark_smoke(tmp_path: Path) -> None:
     assert [row["users"] for row in report["rows"]] == [1, 3]
     for row in report["rows"]:
         assert row["requests_per_s"] > 0 and row["errors"] == 0 and row["steps_per_s"] > 0
-    assert (tmp_path / "out/engine.md").read_text().startswith("# Continuous batcher alone")
+    assert (tmp_path / "out/engine.md").read_text().startswith("# Engine alone")
     assert report["profile"]["users"] == 2
-    assert "_step" in (tmp_path / "out/profile_host.txt").read_text()
+    assert "_decode" in (tmp_path / "out/profile_host.txt").read_text()
     assert "GPU kernel time" in (tmp_path / "out/profile_gpu.txt").read_text()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from runner_helpers import generate, teacher_forced_logits
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
-from hymt_serve.engine.fast import PREFILL_TOKENS, FastGenerator, UnsupportedModelError
+from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
 from hymt_serve.engine.model import packed_layout
+from hymt_serve.engine.runner import PREFILL_TOKENS, FastRunner
 from hymt_serve.engine.types import GenerationRow, SamplingParams
+from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 
 PROMPTS = ((1, 17, 250, 33, 91, 402, 5), (1, 300, 12), (1, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53))
 MAX_NEW = (20, 6, 13)
@@ -43,8 +46,8 @@ def model() -> PreTrainedModel:
 
 
 @pytest.fixture(scope="module")
-def fast(model: PreTrainedModel) -> FastGenerator:
-    return FastGenerator.from_model(model, max_batch_size=4, max_seq_len=64)
+def fast(model: PreTrainedModel) -> FastRunner:
+    return build_fast_runner(model, max_batch_size=4, max_seq_len=64)
 
 
 def hf_generate(
@@ -63,17 +66,17 @@ def greedy_rows() -> list[GenerationRow]:
     return [GenerationRow(p, n) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
 
 
-def test_greedy_tokens_equal_hf_generate(model: PreTrainedModel, fast: FastGenerator) -> None:
-    results = fast.generate(greedy_rows(), stop_token_ids=())
+def test_greedy_tokens_equal_hf_generate(model: PreTrainedModel, fast: FastRunner) -> None:
+    results = generate(fast, greedy_rows(), stop_token_ids=())
     for (tokens, reason), prompt, new in zip(results, PROMPTS, MAX_NEW, strict=True):
         assert tokens == hf_generate(model, prompt, new)
         assert reason == "length"
 
 
-def test_prefill_and_decode_logits_match_hf(model: PreTrainedModel, fast: FastGenerator) -> None:
+def test_prefill_and_decode_logits_match_hf(model: PreTrainedModel, fast: FastRunner) -> None:
     prompts = PROMPTS[:2]
     forced = torch.tensor([[5, 77, 301, 9], [400, 2, 18, 18]])
-    ours = fast.teacher_forced_logits(prompts, forced)
+    ours = teacher_forced_logits(fast, prompts, forced)
     for i, prompt in enumerate(prompts):
         full = torch.tensor([list(prompt) + forced[i].tolist()])
         with torch.no_grad():
@@ -81,12 +84,12 @@ def test_prefill_and_decode_logits_match_hf(model: PreTrainedModel, fast: FastGe
         torch.testing.assert_close(ours[i], theirs, atol=1e-4, rtol=1e-4)
 
 
-def test_stops_at_stop_token(model: PreTrainedModel, fast: FastGenerator) -> None:
+def test_stops_at_stop_token(model: PreTrainedModel, fast: FastRunner) -> None:
     reference = hf_generate(model, PROMPTS[0], MAX_NEW[0])
     stop = reference[3]
     cut = reference.index(stop)
     rows = [GenerationRow(PROMPTS[0], MAX_NEW[0]), GenerationRow(PROMPTS[1], MAX_NEW[1])]
-    (tokens, reason), (other, other_reason) = fast.generate(rows, stop_token_ids={stop, 511})
+    (tokens, reason), (other, other_reason) = generate(fast, rows, stop_token_ids={stop, 511})
     assert (tokens, reason) == (reference[:cut], "stop")
     expected = hf_generate(model, PROMPTS[1], MAX_NEW[1])
     if stop in expected:
@@ -96,8 +99,8 @@ def test_stops_at_stop_token(model: PreTrainedModel, fast: FastGenerator) -> Non
 
 
 def test_batches_larger_than_max_batch_size_are_split(model: PreTrainedModel) -> None:
-    small = FastGenerator.from_model(tiny_model(), max_batch_size=2, max_seq_len=64)
-    results = small.generate(greedy_rows(), stop_token_ids=())
+    small = build_fast_runner(tiny_model(), max_batch_size=2, max_seq_len=64)
+    results = generate(small, greedy_rows(), stop_token_ids=())
     assert [tokens for tokens, _ in results] == [
         hf_generate(model, p, n) for p, n in zip(PROMPTS, MAX_NEW, strict=True)
     ]
@@ -119,7 +122,7 @@ def test_packed_layout_pads_tokens_and_rows() -> None:
 def test_prefills_past_the_token_budget_run_in_groups(model: PreTrainedModel) -> None:
     """More prompt tokens than one prefill takes (PREFILL_TOKENS): split into groups, same
     logits as prefilling each prompt alone."""
-    wide = FastGenerator.from_model(model, max_batch_size=24, max_seq_len=64)
+    wide = build_fast_runner(model, max_batch_size=24, max_seq_len=64)
     prompts = [tuple(range(1 + i, 61 + i)) for i in range(20)]
     assert sum(len(p) for p in prompts) > PREFILL_TOKENS
     with torch.inference_mode():
@@ -128,45 +131,58 @@ def test_prefills_past_the_token_budget_run_in_groups(model: PreTrainedModel) ->
     torch.testing.assert_close(together, alone, atol=1e-4, rtol=1e-4)
 
 
-def test_sampling_is_reproducible_with_a_seed(fast: FastGenerator) -> None:
+def test_sampling_is_reproducible_with_a_seed(fast: FastRunner) -> None:
     rows = [
         GenerationRow(p, 12, SamplingParams(temperature=1.5, top_p=0.9, top_k=50)) for p in PROMPTS
     ]
     torch.manual_seed(123)
-    first = fast.generate(rows, stop_token_ids=())
+    first = generate(fast, rows, stop_token_ids=())
     torch.manual_seed(123)
-    second = fast.generate(rows, stop_token_ids=())
+    second = generate(fast, rows, stop_token_ids=())
     torch.manual_seed(7)
-    third = fast.generate(rows, stop_token_ids=())
+    third = generate(fast, rows, stop_token_ids=())
     assert first == second
     assert first != third
     assert all(len(tokens) == 12 for tokens, _ in first)
 
 
-def test_top_k_one_and_tiny_top_p_are_greedy(fast: FastGenerator) -> None:
-    greedy = fast.generate(greedy_rows(), stop_token_ids=())
+def test_top_k_one_and_tiny_top_p_are_greedy(fast: FastRunner) -> None:
+    greedy = generate(fast, greedy_rows(), stop_token_ids=())
     for params in (
         SamplingParams(top_k=1, repetition_penalty=1.0),
         SamplingParams(top_k=0, top_p=1e-6, repetition_penalty=1.0),
     ):
         rows = [GenerationRow(p, n, params) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
-        assert fast.generate(rows, stop_token_ids=()) == greedy
+        assert generate(fast, rows, stop_token_ids=()) == greedy
 
 
-def test_repetition_penalty_matches_hf(model: PreTrainedModel, fast: FastGenerator) -> None:
+def test_repetition_penalty_matches_hf(model: PreTrainedModel, fast: FastRunner) -> None:
     params = SamplingParams(top_k=1, repetition_penalty=1.8)
     mixed = [GenerationRow(PROMPTS[0], 15, params), GenerationRow(PROMPTS[2], 15)]
-    (penalised, _), (greedy, _) = fast.generate(mixed, stop_token_ids=())
+    (penalised, _), (greedy, _) = generate(fast, mixed, stop_token_ids=())
     assert penalised == hf_generate(model, PROMPTS[0], 15, penalty=1.8)
     assert greedy == hf_generate(model, PROMPTS[2], 15)
     assert penalised != hf_generate(model, PROMPTS[0], 15)
 
 
-def test_rows_that_do_not_fit_are_rejected(fast: FastGenerator) -> None:
-    with pytest.raises(ValueError, match="max_seq_len"):
-        fast.generate([GenerationRow(PROMPTS[0], 60)], stop_token_ids=())
-    with pytest.raises(ValueError, match="prompt"):
-        fast.generate([GenerationRow((), 4)], stop_token_ids=())
+def test_rows_that_do_not_fit_are_rejected(fast: FastRunner) -> None:
+    with pytest.raises(PayloadTooLarge, match="prompt \\+ max_new_tokens is 67"):
+        generate(fast, [GenerationRow(PROMPTS[0], 60)], stop_token_ids=())
+    with pytest.raises(InvalidRequest, match="prompt"):
+        generate(fast, [GenerationRow((), 4)], stop_token_ids=())
+
+
+def test_a_row_may_use_the_whole_context() -> None:
+    """prompt + max_new_tokens equal to max_seq_len and to max_position_embeddings fits: the
+    last token is never fed back (it used to be refused with a ValueError, a 500)."""
+    positions = 40
+    model = tiny_model(max_position_embeddings=positions)
+    whole = build_fast_runner(model, max_batch_size=2, max_seq_len=positions)
+    row = GenerationRow(PROMPTS[1], positions - len(PROMPTS[1]))
+    [(tokens, reason)] = generate(whole, [row])
+    assert (tokens, reason) == (hf_generate(model, row.prompt_ids, row.max_new_tokens), "length")
+    with pytest.raises(PayloadTooLarge):
+        generate(whole, [GenerationRow(PROMPTS[1], row.max_new_tokens + 1)])
 
 
 @pytest.mark.parametrize(
@@ -174,7 +190,7 @@ def test_rows_that_do_not_fit_are_rejected(fast: FastGenerator) -> None:
 )
 def test_unsupported_configs_are_refused(overrides: dict[str, object]) -> None:
     with pytest.raises(UnsupportedModelError):
-        FastGenerator.from_model(tiny_model(**overrides), max_batch_size=2, max_seq_len=32)
+        build_fast_runner(tiny_model(**overrides), max_batch_size=2, max_seq_len=32)
 
 
 def test_other_architectures_are_refused() -> None:
@@ -184,10 +200,10 @@ def test_other_architectures_are_refused() -> None:
     )  # fmt: skip
     llama = AutoModelForCausalLM.from_config(config)
     with pytest.raises(UnsupportedModelError, match="model_type"):
-        FastGenerator.from_model(llama, max_batch_size=2, max_seq_len=32)
+        build_fast_runner(llama, max_batch_size=2, max_seq_len=32)
 
 
-def test_describe_on_cpu(fast: FastGenerator) -> None:
+def test_describe_on_cpu(fast: FastRunner) -> None:
     info = fast.describe()
     assert info["cuda_graphs"] is False
     assert info["attention_kernel"] == "torch_reference"
@@ -197,8 +213,8 @@ def test_describe_on_cpu(fast: FastGenerator) -> None:
 def test_odd_vocabulary_is_padded_without_changing_tokens() -> None:
     model = tiny_model(vocab_size=509)
     expected = [hf_generate(model, p, n) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
-    fast = FastGenerator.from_model(model, max_batch_size=4, max_seq_len=64)
+    fast = build_fast_runner(model, max_batch_size=4, max_seq_len=64)
     assert model.lm_head.weight.shape[0] == 509
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    assert [tokens for tokens, _ in fast.generate(greedy_rows(), stop_token_ids=())] == expected
+    assert [tokens for tokens, _ in generate(fast, greedy_rows(), stop_token_ids=())] == expected
     assert [hf_generate(model, p, n) for p, n in zip(PROMPTS, MAX_NEW, strict=True)] == expected

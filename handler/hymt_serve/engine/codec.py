@@ -1,8 +1,8 @@
-"""The tokenizer side of a model folder: loading it, encoding a user turn through the chat
-template (user text always as plain text), stop and pad tokens, decoding results.
+"""The token codec: a model folder's tokenizer, encoding a user turn through the chat template
+(user text always as plain text), stop and pad tokens, and decoding results.
 
-Decoder-only details in one place: special tokens are parsed in the template's frame only, and
-skipped when decoding.
+Decoder-only details in one place: special tokens are parsed in the template's frame only and
+skipped when decoding; a row cut by its length never ends in half a character.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from hymt_serve.engine.types import GenerationResult, cut_at_stop
+from hymt_serve.engine.types import FinishReason, GenerationResult
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.settings import Settings
 
 STOP_TOKENS = ("<|eos|>",)
+REPLACEMENT = "\ufffd"  # what decoding shows for the bytes of an incomplete character
 
 
 def load_tokenizer(settings: Settings) -> Any:
@@ -29,6 +30,41 @@ def load_tokenizer(settings: Settings) -> Any:
         raise ConfigurationError(f"the tokenizer in {settings.model_path} has no chat template")
     turn_frame(tokenizer)  # refuse a template that does not hold the user text verbatim
     return tokenizer
+
+
+class TokenCodec:
+    """Text to prompt ids and generated ids to text, for one tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.stop_ids = frozenset(_stop_ids(tokenizer))
+        self.pad_id = int(
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids)
+        )
+
+    @classmethod
+    def load(cls, settings: Settings) -> TokenCodec:
+        return cls(load_tokenizer(settings))
+
+    def encode(self, user_turn: str) -> list[int]:
+        """Token ids of ``user_turn`` rendered as one user turn by the chat template."""
+        return encode_user_turn(self.tokenizer, user_turn)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` without special tokens."""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def result(self, token_ids: Sequence[int], finish: FinishReason) -> GenerationResult:
+        """The result of generated ids (stop token already cut off).
+
+        A row that ``max_new_tokens`` cut may end inside a multi-byte character (a Chinese
+        character, an emoji): that incomplete tail is dropped from the text, never shown as
+        U+FFFD.
+        """
+        text = self.decode(token_ids)
+        if finish == "length":
+            text = text.rstrip(REPLACEMENT)
+        return GenerationResult(text, tuple(token_ids), finish)
 
 
 # Private-use characters: no chat template writes them, so they mark where the user text goes.
@@ -73,22 +109,12 @@ def encode_user_turn(tokenizer: Any, user_turn: str) -> list[int]:
     return [*before, *text, *after]
 
 
-def make_result(tokenizer: Any, tokens: Sequence[int], stop_ids: set[int]) -> GenerationResult:
-    """Cut ``tokens`` at the first stop token and decode them without special tokens."""
-    kept, finish = cut_at_stop(tokens, stop_ids)
-    text = tokenizer.decode(kept, skip_special_tokens=True)
-    return GenerationResult(text=text, token_ids=tuple(kept), finish_reason=finish)
-
-
-def stop_ids(tokenizer: Any, model: Any) -> set[int]:
+def _stop_ids(tokenizer: Any) -> set[int]:
     ids = {tokenizer.convert_tokens_to_ids(token) for token in STOP_TOKENS}
     ids.discard(tokenizer.unk_token_id)
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
+    ids = {i for i in ids if isinstance(i, int)}
     if not ids:
         raise ConfigurationError(f"the tokenizer has none of the stop tokens {STOP_TOKENS}")
-    return {i for i in ids if isinstance(i, int)}
-
-
-def pad_id(tokenizer: Any, stop_ids: set[int]) -> int:
-    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids))
+    return ids

@@ -1,18 +1,22 @@
-"""Where and how a model is loaded, decided before loading: device, dtype, attention kernel,
-quantization, and the keyword arguments transformers gets for them.
+"""Loading a model folder: where and how (device, dtype, attention kernel, quantization,
+decided before loading), the transformers model itself, and its checks against the settings.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.settings import Settings
 
+logger = logging.getLogger(__name__)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -103,3 +107,54 @@ def load_kwargs(plan: LoadPlan) -> dict[str, Any]:
             )
         )
     return kwargs
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A transformers causal LM, ready for inference, with how it was loaded."""
+
+    model: Any
+    plan: LoadPlan
+    seconds: float
+
+
+def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
+    """Load ``settings.model_path``'s weights as the settings ask. Raises ConfigurationError."""
+    plan = plan_load(settings, gpu_id)
+    if plan.device.type == "cuda":  # Triton and CUDA graphs use the current device
+        torch.cuda.set_device(plan.device)
+    if not (settings.model_path / "config.json").is_file():
+        raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
+    started = time.perf_counter()
+    model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **load_kwargs(plan))
+    if plan.quantization == "none":
+        model.to(plan.device)
+    model.eval()
+    _check_context(model.config, settings)
+    _freeze_rope(model)
+    seconds = time.perf_counter() - started
+    logger.info("loaded %s in %.1f s: %s", model.config.model_type, seconds, plan.describe())
+    return LoadedModel(model, plan, seconds)
+
+
+def _check_context(config: Any, settings: Settings) -> None:
+    window = settings.max_input_tokens + settings.max_new_tokens
+    limit = int(getattr(config, "max_position_embeddings", window))
+    if window > limit:
+        raise ConfigurationError(
+            f"max_input_tokens + max_new_tokens must be at most the model's "
+            f"max_position_embeddings ({limit}), got {settings.max_input_tokens} + "
+            f"{settings.max_new_tokens} = {window}"
+        )
+
+
+def _freeze_rope(model: Any) -> None:
+    """Treat Hunyuan's alpha-scaled "dynamic" RoPE as the fixed base it is.
+
+    transformers computes the right frequencies at load (base = theta * alpha^(d/(d-2))), but
+    its dynamic update branches on the sequence length every step and, past
+    max_position_embeddings, recomputes them without alpha. The stored frequencies are right.
+    """
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rotary is not None and "dynamic" in str(getattr(rotary, "rope_type", "")):
+        rotary.rope_type = "default"

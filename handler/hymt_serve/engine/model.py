@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +24,21 @@ from torch import Tensor, nn
 
 from hymt_serve.engine.attention import decode_attention
 
-# Per layer: input_norm, qkv, q_norm, k_norm, o, post_norm, gate_up, down.
-LayerWeights = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+class LayerWeights(NamedTuple):
+    """One decoder layer's tensors, in the order the step functions take them as arguments."""
+
+    input_norm: Tensor
+    qkv: Tensor  # q, k and v projections fused
+    q_norm: Tensor
+    k_norm: Tensor
+    o: Tensor
+    post_norm: Tensor
+    gate_up: Tensor  # gate and up projections fused
+    down: Tensor
+
+
+LAYER_TENSORS = len(LayerWeights._fields)
 
 
 @dataclass(frozen=True)
@@ -97,12 +110,17 @@ def extract_weights(model: nn.Module) -> ModelWeights:
         gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj])
         norms = (layer.input_layernorm, attn.query_layernorm, attn.key_layernorm)
         layers.append(
-            (
-                norms[0].weight.detach(), qkv, norms[1].weight.detach(), norms[2].weight.detach(),
-                attn.o_proj.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                gate_up, mlp.down_proj.weight.detach(),
+            LayerWeights(
+                input_norm=norms[0].weight.detach(),
+                qkv=qkv,
+                q_norm=norms[1].weight.detach(),
+                k_norm=norms[2].weight.detach(),
+                o=attn.o_proj.weight.detach(),
+                post_norm=layer.post_attention_layernorm.weight.detach(),
+                gate_up=gate_up,
+                down=mlp.down_proj.weight.detach(),
             )
-        )  # fmt: skip
+        )
     lm_head = pad_rows(hf.lm_head.weight, 64)
     return ModelWeights(
         embed=core.embed_tokens.weight.detach(),
@@ -138,23 +156,22 @@ def qkv_step(
     x: Tensor, lw: LayerWeights, cos: Tensor, sin: Tensor, shape: ModelShape
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Tokens ``[N, hidden]`` -> q ``[N, H, D]``, k and v ``[N, KVH, D]`` (RoPE, then QK norm)."""
-    in_norm, qkv_w, q_norm, k_norm = lw[0], lw[1], lw[2], lw[3]
-    qkv = F.linear(rms_norm(x, in_norm, shape.eps), qkv_w)
+    qkv = F.linear(rms_norm(x, lw.input_norm, shape.eps), lw.qkv)
     q_size, kv_size = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     q, k, v = torch.split(qkv, [q_size, kv_size, kv_size], dim=-1)
     q = q.view(-1, shape.heads, shape.head_dim)
     k = k.view(-1, shape.kv_heads, shape.head_dim)
     cos, sin = cos[:, None, :], sin[:, None, :]
-    q = rms_norm(_rotate(q, cos, sin), q_norm, shape.eps)
-    k = rms_norm(_rotate(k, cos, sin), k_norm, shape.eps)
+    q = rms_norm(_rotate(q, cos, sin), lw.q_norm, shape.eps)
+    k = rms_norm(_rotate(k, cos, sin), lw.k_norm, shape.eps)
     return q, k, v.reshape(-1, shape.kv_heads, shape.head_dim)
 
 
 def output_step(attn: Tensor, residual: Tensor, lw: LayerWeights, eps: float) -> Tensor:
     """Attention output ``[N, H*D]`` + residual -> the layer's output ``[N, hidden]``."""
-    x = residual + F.linear(attn, lw[4])
-    gate, up = F.linear(rms_norm(x, lw[5], eps), lw[6]).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, lw[7])
+    x = residual + F.linear(attn, lw.o)
+    gate, up = F.linear(rms_norm(x, lw.post_norm, eps), lw.gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, lw.down)
 
 
 def logits_step(x: Tensor, final_norm: Tensor, lm_head: Tensor, shape: ModelShape) -> Tensor:
@@ -174,19 +191,21 @@ class StepFunctions:
 def make_step_functions(shape: ModelShape, compile_: bool) -> StepFunctions:
     """Build the decode-step pieces, compiled by inductor when ``compile_`` is set."""
 
+    # Weights arrive as loose tensors (what inductor and CUDA graphs take) and are named again.
     def first(x: Tensor, cos: Tensor, sin: Tensor, *lw: Tensor) -> tuple[Tensor, ...]:
-        q, k, v = qkv_step(x, lw, cos, sin, shape)  # type: ignore[arg-type]
+        q, k, v = qkv_step(x, LayerWeights(*lw), cos, sin, shape)
         return q, k, v, x
 
     def middle(
         attn: Tensor, residual: Tensor, cos: Tensor, sin: Tensor, *lws: Tensor
     ) -> tuple[Tensor, ...]:
-        x = output_step(attn.flatten(1), residual, lws[:8], shape.eps)  # type: ignore[arg-type]
-        q, k, v = qkv_step(x, lws[8:], cos, sin, shape)  # type: ignore[arg-type]
+        done, following = LayerWeights(*lws[:LAYER_TENSORS]), LayerWeights(*lws[LAYER_TENSORS:])
+        x = output_step(attn.flatten(1), residual, done, shape.eps)
+        q, k, v = qkv_step(x, following, cos, sin, shape)
         return q, k, v, x
 
     def last(attn: Tensor, residual: Tensor, norm: Tensor, head: Tensor, *lw: Tensor) -> Tensor:
-        x = output_step(attn.flatten(1), residual, lw, shape.eps)  # type: ignore[arg-type]
+        x = output_step(attn.flatten(1), residual, LayerWeights(*lw), shape.eps)
         return logits_step(x, norm, head, shape)
 
     if not compile_:

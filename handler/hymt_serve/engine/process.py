@@ -1,16 +1,12 @@
-"""The model and its scheduler in a process of their own, for TorchServe's async mode.
+"""The engine in a process of its own, for TorchServe's async mode.
 
 In async mode the worker's event loop parses, tokenises and renders requests while the
 scheduler drives the GPU. In one process both need the GIL, and every GPU call of the decode
 loop releases it; whenever the event loop is busy, the decode loop then waits for the GIL at
 each of those points (a probe with one busy Python thread slowed a tiny model's decode step
-from 2 ms to 600 ms). So the worker keeps only the tokenizer, and a child process owns the
-model and the scheduler (continuous batching on the fast engine). They talk over a pipe:
-
-    worker -> child   ("submit", id, GenerationRow, stream) | ("describe", id)
-    child -> worker   ("ready", describe) | ("failed", error, message) at start, then
-                      ("tokens", id, ids) | ("done", id, ids, finish)
-                      | ("error", id, error, message, allowed, field) | ("describe", id, facts)
+from 2 ms to 600 ms). So the worker keeps only the token codec, and a child process owns the
+model and the scheduler's serving thread. They talk over a pipe in the messages below; errors
+cross it as themselves (service errors pickle).
 
 The child exits when the pipe closes (the worker is gone). When the child dies, the texts it
 held fail with 500, new ones get 503 while a new child loads, and the worker carries on; only
@@ -28,38 +24,98 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import wait as wait_all
+from dataclasses import dataclass
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
-from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow
-from hymt_serve.request import errors
-from hymt_serve.request.errors import ConfigurationError, GenerationFailed, Overloaded, ServiceError
+from hymt_serve.engine.codec import TokenCodec
+from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.request.errors import (
+    ConfigurationError,
+    GenerationFailed,
+    Overloaded,
+    ServiceError,
+    as_service_error,
+)
 from hymt_serve.request.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-Emit = Callable[[list[int]], None]
 START_TIMEOUT_S = 1800.0
-DESCRIBE_TIMEOUT_S = 30.0
 EXIT_GRACE_S = 2.0  # for the failed requests' replies to leave before the worker exits
 
 
+# Worker -> child.
+@dataclass(frozen=True)
+class Submit:
+    job: int
+    row: GenerationRow
+    stream: bool
+
+
+@dataclass(frozen=True)
+class Describe:
+    job: int
+
+
+# Child -> worker.
+@dataclass(frozen=True)
+class Ready:
+    facts: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Tokens:
+    job: int
+    ids: list[int]
+
+
+@dataclass(frozen=True)
+class Done:
+    job: int
+    result: GenerationResult  # text left empty: the worker decodes
+
+
+@dataclass(frozen=True)
+class Failed:
+    job: int
+    error: ServiceError
+
+
+@dataclass(frozen=True)
+class Facts:
+    job: int
+    facts: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Waiter:
+    """A worker-side job: its future and, for a stream, who gets its tokens."""
+
+    future: Future[Any]
+    on_tokens: OnTokens | None = None
+
+
 class EngineClient:
-    """The worker's side: tokenizer here, generation in the child. Implements the service's
-    ``Engine`` protocol; every generation goes through :meth:`submit`."""
+    """The worker's side: token codec here, generation in the child. Offers what the service
+    needs of an engine; every row goes through :meth:`submit`."""
 
     def __init__(self, settings: Settings, gpu_id: int | None, max_waiting: int) -> None:
-        from hymt_serve.engine.codec import load_tokenizer
-
         self.settings = settings
-        self.tokenizer = load_tokenizer(settings)
+        self.codec = TokenCodec.load(settings)
         self._child_args = (settings, gpu_id, max_waiting)
         self._send_lock = threading.Lock()
         self._ids = itertools.count()
-        self._jobs: dict[int, tuple[Future[Any], Emit | None]] = {}
+        self._waiters: dict[int, _Waiter] = {}
         self._closing = False
         self.restarts = 0
         self._spawn()
@@ -84,54 +140,51 @@ class EngineClient:
             raise ConfigurationError(
                 f"the engine process died while loading (exit code {self._process.exitcode})"
             ) from None
-        if message[0] == "failed":
+        if isinstance(message, LoadFailed):
             self._process.join(10)
-            raise ConfigurationError(f"the engine process failed to load: {message[2]}")
+            raise ConfigurationError(f"the engine process failed to load: {message.reason}")
         self.available = True
 
-    # The Engine protocol.
-
     def encode_prompt(self, user_turn: str) -> list[int]:
-        from hymt_serve.engine.codec import encode_user_turn
-
-        return encode_user_turn(self.tokenizer, user_turn)
+        return self.codec.encode(user_turn)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+        return self.codec.decode(token_ids)
 
-    def submit(self, row: GenerationRow, emit: Emit | None = None) -> Future[GenerationResult]:
+    def submit(
+        self, row: GenerationRow, on_tokens: OnTokens | None = None
+    ) -> Future[GenerationResult]:
         """Send ``row`` to the child; its future resolves when the child answers."""
-        if not self.available:
-            raise Overloaded(
-                "the engine process is restarting", allowed="retry in a minute"
-            ) from None
         future: Future[GenerationResult] = Future()
-        job_id = next(self._ids)
-        self._jobs[job_id] = (future, emit)
-        try:
-            self._send(("submit", job_id, row, emit is not None))
-        except OSError:
-            self._jobs.pop(job_id, None)
-            raise Overloaded(
-                "the engine process is restarting", allowed="retry in a minute"
-            ) from None
+        job = next(self._ids)
+        self._waiters[job] = _Waiter(future, on_tokens)
+        if not self.available or not self._try_send(Submit(job, row, on_tokens is not None)):
+            self._waiters.pop(job, None)
+            raise Overloaded("the engine process is restarting", allowed="retry in a minute")
         return future
 
-    def generate(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
-        return [future.result() for future in [self.submit(row) for row in rows]]
+    def run(self, futures: Sequence[Future[GenerationResult]]) -> None:
+        """Return once every future is done (the child steps)."""
+        wait_all(futures)
 
-    def stream(self, row: GenerationRow, emit: Emit) -> GenerationResult:
-        return self.submit(row, emit).result()
+    def describe_later(self) -> Future[dict[str, Any]]:
+        """The child's engine facts (scheduler counters included), when it answers."""
+        future: Future[dict[str, Any]] = Future()
+        job = next(self._ids)
+        self._waiters[job] = _Waiter(future)
+        if not self._try_send(Describe(job)):
+            self._waiters.pop(job, None)
+            future.set_exception(
+                Overloaded("the engine process is restarting", allowed="retry in a minute")
+            )
+        return future
 
-    def describe(self) -> dict[str, Any]:
-        """The child's engine facts, now (scheduler counters included)."""
-        future: Future[Any] = Future()
-        job_id = next(self._ids)
-        self._jobs[job_id] = (future, None)
-        self._send(("describe", job_id))
-        facts: dict[str, Any] = future.result(timeout=DESCRIBE_TIMEOUT_S)
-        facts["process"] = {"pid": self._process.pid, "restarts": self.restarts}
-        return facts
+    def describe(self, timeout: float = 30.0) -> dict[str, Any]:
+        """:meth:`describe_later`, waited for (start-up; never on an event loop)."""
+        return self.with_process(self.describe_later().result(timeout=timeout))
+
+    def with_process(self, facts: dict[str, Any]) -> dict[str, Any]:
+        return {**facts, "process": {"pid": self._process.pid, "restarts": self.restarts}}
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the child (tests and shutdown)."""
@@ -141,11 +194,13 @@ class EngineClient:
         if self._process.is_alive():
             self._process.kill()
 
-    # Internals.
-
-    def _send(self, message: tuple[Any, ...]) -> None:
-        with self._send_lock:
-            self._conn.send(message)
+    def _try_send(self, message: Submit | Describe) -> bool:
+        try:
+            with self._send_lock:
+                self._conn.send(message)
+        except OSError:
+            return False
+        return True
 
     def _read(self) -> None:
         while not self._closing:
@@ -156,41 +211,39 @@ class EngineClient:
                 continue
             self._dispatch(message)
 
-    def _dispatch(self, message: tuple[Any, ...]) -> None:
-        kind, job_id = message[0], message[1]
-        if kind == "tokens":
-            entry = self._jobs.get(job_id)
-            if entry is not None and entry[1] is not None:
-                entry[1](message[2])
+    def _dispatch(self, message: Tokens | Done | Failed | Facts) -> None:
+        if isinstance(message, Tokens):
+            waiter = self._waiters.get(message.job)
+            if waiter is not None and waiter.on_tokens is not None:
+                waiter.on_tokens(message.ids)
             return
-        entry = self._jobs.pop(job_id, None)
-        if entry is None:
+        waiter = self._waiters.pop(message.job, None)
+        if waiter is None:
             return
-        future = entry[0]
-        with contextlib.suppress(InvalidStateError):
-            if kind == "done":
-                tokens, finish = message[2], message[3]
-                future.set_result(GenerationResult(self.decode(tokens), tuple(tokens), finish))
-            elif kind == "describe":
-                future.set_result(message[2])
+        with contextlib.suppress(InvalidStateError):  # the request gave up meanwhile
+            if isinstance(message, Done):
+                result = message.result
+                waiter.future.set_result(self.codec.result(result.token_ids, result.finish_reason))
+            elif isinstance(message, Facts):
+                waiter.future.set_result(message.facts)
             else:
-                future.set_exception(_service_error(*message[2:]))
+                waiter.future.set_exception(message.error)
 
     def _child_gone(self) -> None:
         """Fail what the dead child held and start a new one; exit the worker if that fails."""
         self.available = False
-        jobs, self._jobs = self._jobs, {}
+        waiters, self._waiters = self._waiters, {}
         if self._closing:
             return
         logger.error(
             "the engine process exited (code %s); failing %d texts and restarting it",
             self._process.exitcode,
-            len(jobs),
+            len(waiters),
         )
         error = GenerationFailed("the engine process stopped", allowed="retry the request")
-        for future, _ in jobs.values():
+        for waiter in waiters.values():
             with contextlib.suppress(InvalidStateError):
-                future.set_exception(error)
+                waiter.future.set_exception(error)
         try:
             self._spawn()
         except Exception:
@@ -201,38 +254,27 @@ class EngineClient:
         logger.info("engine process restarted (pid %s)", self._process.pid)
 
 
-def _service_error(
-    name: str, message: str, allowed: Any = None, field: str | None = None
-) -> ServiceError:
-    cls = getattr(errors, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, ServiceError)):
-        cls = GenerationFailed
-    return cls(message, allowed=allowed, field=field)
-
-
-def _error_message(job_id: int, error: BaseException) -> tuple[Any, ...]:
-    if isinstance(error, ServiceError):
-        return ("error", job_id, type(error).__name__, error.message, error.allowed, error.field)
-    return ("error", job_id, "GenerationFailed", f"generation failed: {type(error).__name__}")
+Outbox = queue.SimpleQueue[Ready | Tokens | Done | Failed | Facts]
 
 
 def serve_child(conn: Connection, settings: Settings, gpu_id: int | None, max_waiting: int) -> None:
-    """The child process: load the engine, start its scheduler, serve the pipe until it closes."""
+    """The child process: load the engine, start its serving thread, serve the pipe until it
+    closes."""
     logging.basicConfig(
         level=logging.INFO, stream=sys.stdout, format="engine %(levelname)s %(name)s: %(message)s"
     )
     from hymt_serve.engine.engine import load_engine
 
     try:
-        engine = load_engine(settings, gpu_id)
-        engine.start_scheduler(max_waiting, decode=False)
+        engine = load_engine(settings, gpu_id, max_waiting=max_waiting, decode=False)
+        engine.start()
     except Exception as error:
         logger.exception("the engine failed to load")
-        conn.send(("failed", type(error).__name__, str(error)))
+        conn.send(LoadFailed(f"{type(error).__name__}: {error}"))
         conn.close()
         return
-    outbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-    conn.send(("ready", engine.describe()))
+    outbox: Outbox = queue.SimpleQueue()
+    conn.send(Ready(engine.describe()))
     sender = threading.Thread(target=_send_all, args=(conn, outbox), daemon=True)
     sender.start()
     while True:
@@ -240,37 +282,32 @@ def serve_child(conn: Connection, settings: Settings, gpu_id: int | None, max_wa
             message = conn.recv()
         except (EOFError, OSError):
             break
-        if message[0] == "describe":
-            outbox.put(("describe", message[1], engine.describe()))
+        if isinstance(message, Describe):
+            outbox.put(Facts(message.job, engine.describe()))
             continue
-        _, job_id, row, stream = message
-        emit = partial(_emit_tokens, outbox, job_id) if stream else None
+        on_tokens = partial(_tokens, outbox, message.job) if message.stream else None
         try:
-            future = engine.submit(row, emit)
+            future = engine.submit(message.row, on_tokens)
         except Exception as error:
-            outbox.put(_error_message(job_id, error))
+            outbox.put(Failed(message.job, as_service_error(error)))
             continue
-        future.add_done_callback(partial(_reply, outbox, job_id))
+        future.add_done_callback(partial(_reply, outbox, message.job))
     os._exit(0)  # the worker is gone: nothing left to serve
 
 
-def _emit_tokens(outbox: queue.SimpleQueue[tuple[Any, ...]], job_id: int, ids: list[int]) -> None:
-    outbox.put(("tokens", job_id, ids))
+def _tokens(outbox: Outbox, job: int, ids: list[int]) -> None:
+    outbox.put(Tokens(job, ids))
 
 
-def _reply(
-    outbox: queue.SimpleQueue[tuple[Any, ...]], job_id: int, future: Future[GenerationResult]
-) -> None:
+def _reply(outbox: Outbox, job: int, future: Future[GenerationResult]) -> None:
     error = future.exception()
-    if error is not None:
-        outbox.put(_error_message(job_id, error))
-        return
-    result = future.result()
-    finish: FinishReason = result.finish_reason
-    outbox.put(("done", job_id, list(result.token_ids), finish))
+    if error is not None:  # the scheduler's futures only ever hold service errors
+        outbox.put(Failed(job, as_service_error(error)))
+    else:
+        outbox.put(Done(job, future.result()))
 
 
-def _send_all(conn: Connection, outbox: queue.SimpleQueue[tuple[Any, ...]]) -> None:
+def _send_all(conn: Connection, outbox: Outbox) -> None:
     while True:
         message = outbox.get()
         try:

@@ -1,8 +1,9 @@
-"""The KV cache, the decode-step input buffers and the CUDA graphs, one per batch bucket.
+"""The fast engine's runner: the KV cache, the step input buffers and the CUDA graphs.
 
 Rows live in cache *slots*; a batch position holds (token, position, slot). Rows that leave
-the batch are dropped by compacting these three small vectors, so no KV data moves. Padding
-positions of a bucket point at a scratch slot (the last one) and are never read back.
+the batch are dropped by compacting these three small vectors, so no KV data moves. The batch
+is padded to the smallest *bucket* that holds it (one decode graph per bucket); padding
+positions point at a scratch slot (the last one) and are never read back.
 
 Prefills are captured too, one graph per packed-token bucket (``PREFILL_BUCKETS``): any mix of
 prompts that fits N tokens replays the N graph, so admitting rows costs the host one copy and
@@ -15,10 +16,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from hymt_serve.engine.attention import kernel_name, num_splits
 from hymt_serve.engine.model import (
     ModelShape,
     ModelWeights,
@@ -31,11 +34,59 @@ from hymt_serve.engine.model import (
     rope_tables,
     to_device,
 )
+from hymt_serve.engine.types import GenerationRow
+from hymt_serve.request.errors import PayloadTooLarge
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 PREFILL_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024)
+PREFILL_TOKENS = PREFILL_BUCKETS[-1]  # packed tokens per prefill call (a longer prompt alone)
+# Cache positions past max_seq_len: a finished row keeps stepping until the host learns that it
+# finished (the scheduler's SYNC_EVERY steps, plus its LOOKAHEAD twice); checked there.
+STEP_HEADROOM = 16
+
+
+class Runner(Protocol):
+    """What the scheduler drives: :class:`FastRunner`, or transformers' forward
+    (:class:`~hymt_serve.engine.hf.HFRunner`). Rows live in slots ``0..max_batch_size-1``;
+    the *batch* is the rows being decoded, in batch positions."""
+
+    max_batch_size: int
+    device: torch.device
+
+    @property
+    def vocab(self) -> int: ...
+
+    def check(self, row: GenerationRow) -> None:
+        """Raise PayloadTooLarge unless the row fits."""
+
+    def can_admit(self, running: int) -> bool:
+        """Whether new rows may join a batch of ``running`` rows now."""
+
+    def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
+        """Run the prompts into their slots' caches; fp32 logits after each ``[R, V]``."""
+
+    def add(self, tokens: Tensor, lengths: Tensor, slots: Tensor, running: int) -> None:
+        """Append just-prefilled rows (first tokens, prompt lengths, slots) to the batch."""
+
+    def keep(self, keep: Tensor) -> None:
+        """Keep only these batch positions, in order."""
+
+    def clear(self) -> None:
+        """Empty the batch."""
+
+    def batch_slots(self) -> Tensor:
+        """The slot of each batch position (padding positions: the slot past the last)."""
+
+    def step(self) -> Tensor:
+        """One decode step of the batch; fp32 logits per batch position ``[B, V]``."""
+
+    def advance(self, next_tokens: Tensor) -> None:
+        """Feed each batch position its sampled token for the next step."""
+
+    def describe(self) -> dict[str, object]:
+        """JSON-ready facts (device, sizes, kernels, timings)."""
 
 
 def bucket_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -44,16 +95,31 @@ def bucket_sizes(max_batch_size: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
-class DecodeRunner:
-    """Owns the cache and runs prefill and decode steps, replaying graphs when captured."""
+class FastRunner:
+    """Owns the cache and runs prefill and decode steps, replaying graphs when captured.
+
+    ``max_seq_len`` bounds prompt + new tokens of a row and ``max_positions`` is the model's
+    ``max_position_embeddings``; the cache holds ``max_batch_size`` rows (``layers x kv_heads x
+    head_dim x 2 x dtype bytes`` per token).
+    """
 
     def __init__(
-        self, weights: ModelWeights, shape: ModelShape, *, max_batch_size: int, cache_len: int
+        self,
+        weights: ModelWeights,
+        shape: ModelShape,
+        *,
+        max_batch_size: int,
+        max_seq_len: int,
+        max_positions: int,
     ) -> None:
         self.weights, self.shape = weights, shape
-        self.max_batch_size, self.cache_len = max_batch_size, cache_len
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.max_positions = max_positions
+        self.cache_len = cache_len = max_seq_len + STEP_HEADROOM
         self.buckets = bucket_sizes(max_batch_size)
+        self.bucket = 0  # batch positions in use (padded); 0 when idle
         device, dtype = weights.embed.device, weights.embed.dtype
+        self.device = device
         self.scratch_slot = max_batch_size
         cache_shape = (max_batch_size + 1, shape.kv_heads, cache_len, shape.head_dim)
         self.caches = (
@@ -77,17 +143,55 @@ class DecodeRunner:
         self.timings: dict[str, float] = {}
 
     @property
+    def vocab(self) -> int:
+        return self.shape.vocab
+
+    @property
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for part in self.caches for t in part)
+
+    def check(self, row: GenerationRow) -> None:
+        """Raise PayloadTooLarge (413) unless ``row`` fits the cache and the model's positions.
+
+        The last generated token is never fed back, so a row uses positions up to
+        ``prompt + max_new_tokens - 2``: ``prompt + max_new_tokens`` may equal both limits.
+        """
+        total = len(row.prompt_ids) + row.max_new_tokens
+        limit = min(self.max_seq_len, self.max_positions or self.max_seq_len)
+        if total > limit:
+            raise PayloadTooLarge(
+                f"prompt + max_new_tokens is {total} tokens",
+                allowed=f"at most {limit} (the engine's context for one text)",
+                field="max_new_tokens",
+            )
+
+    def can_admit(self, running: int) -> bool:
+        """Rows join a running batch at any step."""
+        return True
 
     def bucket_for(self, rows: int) -> int:
         """The smallest bucket holding ``rows`` rows."""
         return next(b for b in self.buckets if b >= rows)
 
     def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
-        """Fill the slots' caches with the prompts; logits at each last token ``[R, V]``.
+        """Fill the slots' caches with the prompts; logits after each prompt ``[R, V]``.
 
-        Does not wait for the device (inputs go over with one asynchronous copy)."""
+        Runs in groups of at most ``PREFILL_TOKENS`` packed tokens (a longer prompt alone).
+        Does not wait for the device (inputs go over with asynchronous copies). The logits of
+        a single group may live in the prefill buffer: use them before the next prefill.
+        """
+        groups, start, tokens = [], 0, 0
+        for end, prompt in enumerate(prompts):
+            if end > start and tokens + len(prompt) > PREFILL_TOKENS:
+                groups.append((start, end))
+                start, tokens = end, 0
+            tokens += len(prompt)
+        groups.append((start, len(prompts)))
+        if len(groups) == 1:
+            return self._prefill_group(prompts, slots)
+        return torch.cat([self._prefill_group(prompts[a:b], slots[a:b]).clone() for a, b in groups])
+
+    def _prefill_group(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
         tokens, rows = sum(len(p) for p in prompts), len(prompts)
         bucket = next((b for b in self.prefill_graphs if b >= tokens), None)
         if bucket is None:
@@ -120,40 +224,72 @@ class DecodeRunner:
     def _prefill_forward(self, batch: PackedPrompts) -> Tensor:
         return prefill_forward(self.weights, self.shape, self.fns, self.rope, self.caches, batch)
 
-    def load(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> int:
-        """Put a batch in the step buffers, padded to its bucket; returns the bucket."""
+    def load(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> None:
+        """Make these rows the batch, padded to their bucket."""
         rows = tokens.shape[0]
-        bucket = self.bucket_for(rows)
+        bucket = self.bucket_for(rows) if rows else 0
         self.tokens[:rows] = tokens
         self.positions[:rows] = positions
         self.slots[:rows] = slots
         self.tokens[rows:bucket] = 0
         self.positions[rows:bucket] = 0
         self.slots[rows:bucket] = self.scratch_slot
-        return bucket
+        self.bucket = bucket
+
+    def add(self, tokens: Tensor, lengths: Tensor, slots: Tensor, running: int) -> None:
+        """Append prefilled rows (first tokens, prompt lengths, slots) to the ``running``."""
+        self.load(
+            torch.cat([self.tokens[:running], tokens]),
+            torch.cat([self.positions[:running], lengths]),
+            torch.cat([self.slots[:running], slots]),
+        )
+
+    def keep(self, keep: Tensor) -> None:
+        """Keep only the batch positions ``keep`` (in order)."""
+        self.load(self.tokens[keep], self.positions[keep], self.slots[keep])
 
     def clear(self) -> None:
-        """Point every batch position at the scratch slot (before capture or measurement)."""
+        """Empty the batch: every position points at the scratch slot."""
         self.tokens.zero_()
         self.positions.zero_()
         self.slots.fill_(self.scratch_slot)
+        self.bucket = 0
 
-    def compact(self, keep: Tensor) -> int:
-        """Keep only the batch positions ``keep`` (in order); returns the new bucket."""
-        return self.load(self.tokens[keep], self.positions[keep], self.slots[keep])
+    def batch_slots(self) -> Tensor:
+        """The slot of each batch position, padding included (``[bucket]``, a copy)."""
+        return self.slots[: self.bucket].clone()
 
-    def step(self, bucket: int) -> Tensor:
-        """Run one decode step on the first ``bucket`` positions; logits ``[bucket, V]``."""
-        captured = self.graphs.get(bucket)
+    def step(self) -> Tensor:
+        """Run one decode step on the batch; logits ``[bucket, V]``."""
+        captured = self.graphs.get(self.bucket)
         if captured is not None:
             captured[0].replay()
             return captured[1]
-        return self._forward(bucket)
+        return self._forward(self.bucket)
 
-    def advance(self, bucket: int, next_tokens: Tensor) -> None:
+    def advance(self, next_tokens: Tensor) -> None:
         """Feed the sampled tokens to the next step."""
-        self.tokens[:bucket] = next_tokens
-        self.positions[:bucket] += 1
+        self.tokens[: self.bucket] = next_tokens
+        self.positions[: self.bucket] += 1
+
+    def describe(self) -> dict[str, object]:
+        """What runs: buckets, graphs, attention kernel, cache size, timings."""
+        device, dtype = self.weights.embed.device, self.weights.embed.dtype
+        return {
+            "device": str(device),
+            "dtype": str(dtype).removeprefix("torch."),
+            "buckets": list(self.buckets),
+            "cuda_graphs": bool(self.graphs),
+            "compiled": self.compiled,
+            "attention_kernel": kernel_name(device, dtype),
+            "attention_splits": {
+                b: num_splits(b, self.shape.kv_heads, self.cache_len) for b in self.buckets
+            },
+            "max_batch_size": self.max_batch_size,
+            "max_seq_len": self.max_seq_len,
+            "kv_cache_gb": round(self.kv_cache_bytes / 1e9, 3),
+            **{k: round(v, 2) for k, v in self.timings.items()},
+        }
 
     def _forward(self, bucket: int) -> Tensor:
         batch = (self.tokens[:bucket], self.positions[:bucket], self.slots[:bucket])
@@ -224,6 +360,7 @@ class DecodeRunner:
             self.clear()
             for bucket in reversed(self.buckets):
                 self._forward(bucket)
+            self.clear()
 
 
 @contextlib.contextmanager

@@ -1,17 +1,21 @@
-"""Schedulers for TorchServe's async mode: requests arrive one by one, the engine batches them.
+"""The one scheduler: admission, decode steps and finishing, for every way the engine is used.
 
-With ``asyncCommunication: true`` TorchServe hands each request to the handler as soon as it
-arrives; the handler submits its rows here and awaits their futures. One thread owns the model.
-:class:`Scheduler` is the submission side and the serving thread's life, shared by:
+Rows arrive through :meth:`Scheduler.submit` (thread-safe) and leave through their futures.
+:meth:`Scheduler.step` is one round: take arrivals, collect a read-back, admit waiting rows
+(prefill into free cache slots, first token sampled), run one decode step. Who calls it:
 
-- :class:`~hymt_serve.engine.continuous.ContinuousBatcher` (the fast engine): continuous batching over
-  KV-cache slots;
-- :class:`GenerateBatcher` (transformers ``generate``): whatever waits is generated together,
-  up to ``max_batch_rows``; streams run one at a time.
+- offline and TorchServe batch mode: the caller submits its rows, then :meth:`Scheduler.run`
+  steps on its own thread until their futures are done;
+- TorchServe async mode: :meth:`Scheduler.start` runs rounds on a serving thread, rows join the
+  running batch between decode steps and leave it when they finish (continuous batching).
 
-:meth:`Scheduler.submit` raises :class:`~hymt_serve.request.errors.Overloaded` when ``max_waiting``
-rows already wait for the engine. A failure while serving rows fails their futures only; the
-thread goes on serving.
+Which rows finished is read back every ``SYNC_EVERY`` steps, or at once when a row reaches its
+length; streaming rows get their new tokens at those read-backs. Read-backs are asynchronous
+(the host queues up to ``LOOKAHEAD`` more steps before it waits for one) and admitting never
+waits for the device, so the GPU is not left idle while the host does its bookkeeping. The
+runner (:class:`Runner`: the fast engine's or transformers') owns the cache and the forward;
+:class:`~hymt_serve.engine.slots.SlotState` samples and records. A failure fails the rows it
+touched (as :func:`~hymt_serve.request.errors.as_service_error` says); the scheduler goes on.
 """
 
 from __future__ import annotations
@@ -22,57 +26,98 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
+from concurrent.futures import wait as wait_all
 
-from hymt_serve.engine.types import GenerationResult, GenerationRow
-from hymt_serve.request.errors import Overloaded
+import torch
+from torch import Tensor
+
+from hymt_serve.engine.jobs import Job, Readback
+from hymt_serve.engine.model import to_device
+from hymt_serve.engine.runner import PREFILL_TOKENS, STEP_HEADROOM, Runner
+from hymt_serve.engine.slots import SlotState
+from hymt_serve.engine.types import (
+    FinishReason,
+    GenerationResult,
+    GenerationRow,
+    OnTokens,
+    cut_at_stop,
+)
+from hymt_serve.request.errors import InvalidRequest, Overloaded, as_service_error
 
 logger = logging.getLogger(__name__)
 
-Emit = Callable[[list[int]], None]
-# An engine's translation of a failure (e.g. torch.OutOfMemoryError -> OutOfMemory (507)).
-ErrorMap = Callable[[BaseException, int], BaseException]
+SYNC_EVERY = 8  # decode steps between read-backs of the running rows' progress
+LOOKAHEAD = 2  # decode steps the host may queue past a read-back before it waits for it
+# A row keeps stepping until the host learns that it finished: the runner's headroom covers it.
+assert SYNC_EVERY + 2 * LOOKAHEAD < STEP_HEADROOM
+# A prefill of a few short prompts costs about one decode step (both read all the weights), so
+# arrivals gather before they interrupt the running batch: until this many wait, or the first
+# has waited this long. An idle engine admits at once.
+ADMIT_ROWS = 16
+ADMIT_WAIT_S = 0.02
 IDLE_POLL_S = 0.5
 
 
-@dataclass(eq=False)
-class Job:
-    """One row on its way through a scheduler."""
-
-    row: GenerationRow
-    future: Future[GenerationResult]
-    emit: Emit | None
-    arrived: float
-    slot: int = -1
-    steps: int = 0  # tokens generated so far (host count)
-    sent: int = 0  # tokens already passed to ``emit``
+ResultOf = Callable[[list[int], FinishReason], GenerationResult]
 
 
 class Scheduler:
-    """The submission side shared by both schedulers, and the serving thread's life."""
+    """Admission, steps and finishing over one runner's cache slots."""
 
-    def __init__(self, *, max_waiting: int, on_error: ErrorMap, name: str) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        stop_ids: Collection[int],
+        result: ResultOf,
+        *,
+        max_seq_len: int,
+        max_waiting: int | None = None,
+        before_prefill: Callable[[Sequence[GenerationRow]], None] | None = None,
+        admit_rows: int = ADMIT_ROWS,
+        admit_wait_s: float = ADMIT_WAIT_S,
+    ) -> None:
+        self._runner, self._result, self._before_prefill = runner, result, before_prefill
         self._max_waiting = max_waiting
-        self._on_error = on_error
+        self._admit_rows, self._admit_wait_s = admit_rows, admit_wait_s
+        self._device = runner.device
+        self._stop = set(stop_ids)
+        self._state = SlotState(
+            runner.max_batch_size + 1, max_seq_len, runner.vocab, stop_ids, runner.device
+        )
+        self._free = list(range(runner.max_batch_size - 1, -1, -1))
         self._inbox: queue.SimpleQueue[Job] = queue.SimpleQueue()
         self._waiting: deque[Job] = deque()
+        self._running: list[Job] = []
+        self._readback: Readback | None = None
         self._lock = threading.Lock()
         self._pending = 0  # submitted, not yet taken by the engine
+        self._since_sync = 0
+        self._length_due = 0  # steps until the first running row reaches its length
+        self._all_due = 0  # steps until every running row has reached its length
+        self._thread: threading.Thread | None = None
         self._closed = threading.Event()
         self.stats: dict[str, float] = {"submitted": 0, "rejected": 0, "finished": 0, "failed": 0}
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.stats.update({"steps": 0, "row_steps": 0, "prefills": 0, "prefill_rows": 0})
+        self.stats.update({"readbacks": 0, "readback_waits": 0})
+        # Host seconds spent admitting (prefill included), stepping and collecting read-backs.
+        # (prefill_s: the part of admit_s spent in the prefill call itself.)
+        self.stats.update({"admit_s": 0.0, "prefill_s": 0.0, "step_s": 0.0, "sync_s": 0.0})
 
-    def start(self) -> None:
-        self._thread.start()
+    # The submission side (any thread).
 
-    def submit(self, row: GenerationRow, emit: Emit | None = None) -> Future[GenerationResult]:
-        """Queue ``row``; its future gets the result. ``emit`` (called on the serving thread)
-        gets new token ids as they are known. Raises Overloaded when too many rows wait."""
-        self._check(row)
+    def submit(
+        self, row: GenerationRow, on_tokens: OnTokens | None = None
+    ) -> Future[GenerationResult]:
+        """Queue ``row``; its future gets the result. ``on_tokens`` (called on the thread that
+        steps) gets new token ids as they are known. Raises InvalidRequest or PayloadTooLarge
+        for a row the engine cannot take, Overloaded when too many rows wait already."""
+        if not row.prompt_ids or row.max_new_tokens < 1:
+            raise InvalidRequest("a row needs at least one prompt token and max_new_tokens >= 1")
+        self._runner.check(row)
         with self._lock:
-            if self._pending >= self._max_waiting:
+            if self._max_waiting is not None and self._pending >= self._max_waiting:
                 self.stats["rejected"] += 1
                 raise Overloaded(
                     f"{self._pending} texts already wait for the model",
@@ -80,39 +125,79 @@ class Scheduler:
                 )
             self._pending += 1
             self.stats["submitted"] += 1
-        job = Job(row, Future(), emit, time.monotonic())
+        job = Job(row, Future(), on_tokens)
         self._inbox.put(job)
         return job.future
 
+    def run(self, futures: Sequence[Future[GenerationResult]]) -> None:
+        """Return once every future is done: step on this thread, or wait for the serving
+        thread when :meth:`start` ran."""
+        if self._thread is not None:
+            wait_all(futures)
+            return
+        with torch.inference_mode():
+            while not all(future.done() for future in futures):
+                if not self.step() and not all(future.done() for future in futures):
+                    raise RuntimeError("the scheduler is idle with rows unfinished")
+
+    def start(self) -> None:
+        """Serve on a thread of its own from now on (TorchServe's async mode)."""
+        self._thread = threading.Thread(target=self._serve, name="hymt-scheduler", daemon=True)
+        self._thread.start()
+
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the serving thread; rows still waiting fail."""
+        """Stop the serving thread; rows still waiting or running fail."""
         self._closed.set()
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def describe(self) -> dict[str, object]:
+        steps = self.stats["steps"]
         return {
+            "slots": self._runner.max_batch_size,
+            "running": len(self._running),
             "waiting": self._pending,
             "max_waiting": self._max_waiting,
+            "mean_running_rows": round(self.stats["row_steps"] / steps, 2) if steps else 0.0,
+            "admit_rows": self._admit_rows,
+            "admit_wait_ms": round(self._admit_wait_s * 1000, 1),
+            "sync_every": SYNC_EVERY,
             **{k: round(v, 2) for k, v in self.stats.items()},
         }
 
-    def _check(self, row: GenerationRow) -> None:
-        """Raise ValueError for a row the engine cannot take."""
+    # One round (the stepping thread only).
 
-    def _run(self) -> None:
+    def step(self, *, block: bool = False) -> bool:
+        """Take arrivals (waiting up to a moment for one when ``block`` and idle), collect a
+        read-back, admit, decode one step. Returns whether rows still run or wait."""
+        self._take(block=block and not self._running and not self._waiting)
         try:
-            self._serve()
-        except Exception:
-            logger.exception("the scheduler thread stopped")
-            raise
+            if self._readback is not None:
+                self._collect()
+            if self._waiting and self._free and self._admit_now():
+                started = time.perf_counter()
+                self._admit()
+                self.stats["admit_s"] += time.perf_counter() - started
+            if self._running:
+                self._decode()
+        except Exception as error:  # the running rows fail, the scheduler goes on
+            self._reset(error)
+        return bool(self._running or self._waiting)
+
+    def _serve(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.set_device(self._device)
+        try:
+            with torch.inference_mode():
+                while not self._closed.is_set():
+                    self.step(block=True)
         finally:
             self._closed.set()
             self._take(block=False)
-            self._fail(list(self._waiting), RuntimeError("the scheduler stopped"), log=False)
+            stopped = RuntimeError("the scheduler stopped")
+            self._reset(stopped, log=False)
+            self._fail(list(self._waiting), stopped, log=False)
             self._waiting.clear()
-
-    def _serve(self) -> None:
-        raise NotImplementedError
 
     def _take(self, *, block: bool) -> None:
         """Move submitted jobs to the waiting line (waiting a while for one when ``block``)."""
@@ -127,6 +212,85 @@ class Scheduler:
             except queue.Empty:
                 return
 
+    def _admit_now(self) -> bool:
+        return self._runner.can_admit(len(self._running)) and (
+            not self._running
+            or len(self._waiting) >= min(self._admit_rows, len(self._free))
+            or time.monotonic() - self._waiting[0].arrived >= self._admit_wait_s
+        )
+
+    def _admit(self) -> None:
+        """Prefill waiting rows into free slots and add them to the running batch."""
+        packed, count = 0, 0
+        for job in list(self._waiting)[: len(self._free)]:
+            packed += len(job.row.prompt_ids)
+            if count and packed > PREFILL_TOKENS:
+                break
+            count += 1
+        jobs = self._pop_waiting(count)
+        if not jobs:
+            return
+        for job in jobs:
+            job.slot = self._free.pop()
+        try:
+            tokens = self._prefill(jobs)
+        except Exception:  # no other slot was written; retry alone, to fail only the culprits
+            jobs, tokens = self._prefill_one_by_one(jobs)
+            if not jobs:
+                return
+        try:
+            self._runner.add(
+                tokens,
+                to_device([len(job.row.prompt_ids) for job in jobs], torch.int64, self._device),
+                to_device([job.slot for job in jobs], torch.int64, self._device),
+                len(self._running),
+            )
+        except Exception as error:  # these rows fail here; the running ones in step()
+            self._free.extend(job.slot for job in jobs)
+            self._fail(jobs, error)
+            raise
+        self._running.extend(jobs)
+        self._membership_changed()
+        self.stats["prefills"] += 1
+        self.stats["prefill_rows"] += len(jobs)
+
+    def _prefill_one_by_one(self, jobs: Sequence[Job]) -> tuple[list[Job], Tensor]:
+        """Prefill ``jobs`` alone each; a row whose prefill fails fails alone. A runner that
+        takes one prefill per batch (transformers') admits the first that succeeds; the rest
+        wait again, in order."""
+        admitted: list[Job] = []
+        tokens: list[Tensor] = []
+        for position, job in enumerate(jobs):
+            if admitted and not self._runner.can_admit(len(self._running) + len(admitted)):
+                self._requeue(jobs[position:])
+                break
+            try:
+                tokens.append(self._prefill([job]))
+                admitted.append(job)
+            except Exception as error:
+                self._free.append(job.slot)
+                self._fail([job], error)
+        return admitted, torch.cat(tokens) if tokens else torch.empty(0)
+
+    def _requeue(self, jobs: Sequence[Job]) -> None:
+        self._free.extend(job.slot for job in jobs)
+        with self._lock:
+            self._pending += len(jobs)
+        self._waiting.extendleft(reversed(jobs))
+
+    def _prefill(self, jobs: Sequence[Job]) -> Tensor:
+        rows = [job.row for job in jobs]
+        if self._before_prefill is not None:
+            self._before_prefill(rows)
+        slots = [job.slot for job in jobs]
+        started = time.perf_counter()
+        logits = self._runner.prefill([row.prompt_ids for row in rows], slots)
+        self.stats["prefill_s"] += time.perf_counter() - started
+        tokens = self._state.start(slots, rows, logits)
+        for job in jobs:
+            job.steps = 1
+        return tokens
+
     def _pop_waiting(self, count: int) -> list[Job]:
         """Up to ``count`` waiting jobs, skipping those whose requests gave up already."""
         jobs = [self._waiting.popleft() for _ in range(min(count, len(self._waiting)))]
@@ -134,74 +298,114 @@ class Scheduler:
             self._pending -= len(jobs)
         return [job for job in jobs if not job.future.cancelled()]
 
-    def _finish(self, job: Job, result: GenerationResult) -> None:
-        self.stats["finished"] += 1
-        with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
-            job.future.set_result(result)
+    def _membership_changed(self) -> None:
+        self._state.set_batch([job.slot for job in self._running], self._runner.batch_slots())
+        self._set_length_due()
+
+    def _set_length_due(self) -> None:
+        remaining = [job.row.max_new_tokens - job.steps for job in self._running]
+        self._length_due, self._all_due = min(remaining), max(remaining)
+
+    def _decode(self) -> None:
+        started = time.perf_counter()
+        tokens = self._state.record(self._runner.step())
+        self._runner.advance(tokens)
+        for job in self._running:
+            job.steps += 1
+        self._length_due -= 1
+        self._all_due -= 1
+        self._since_sync += 1
+        self.stats["steps"] += 1
+        self.stats["row_steps"] += len(self._running)
+        if self._readback is not None:
+            self._readback.steps_after += 1
+        elif self._length_due <= 0 or self._since_sync >= SYNC_EVERY:
+            self._start_readback()
+        self.stats["step_s"] += time.perf_counter() - started
+
+    def _start_readback(self) -> None:
+        """Queue copies of the running rows' progress to the host, behind the queued steps."""
+        self._since_sync = 0
+        jobs = list(self._running)
+        done, generated, out = self._state.snapshot(len(jobs), max(job.steps for job in jobs))
+        event = None
+        if self._device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        self._readback = Readback(jobs, done, generated, out, event)
+        self.stats["readbacks"] += 1
+
+    def _collect(self) -> None:
+        """Deliver what the pending read-back shows once it has arrived (waiting for it only
+        when the host is ``LOOKAHEAD`` steps past it); finished rows leave the batch."""
+        readback = self._readback
+        assert readback is not None
+        if not readback.ready():
+            # More steps help nobody once every row has its length: wait at once then.
+            if readback.steps_after < LOOKAHEAD and self._all_due > 0:
+                return
+            self.stats["readback_waits"] += 1
+        started = time.perf_counter()
+        readback.wait()
+        self._readback = None
+        done, generated = readback.done.tolist(), readback.generated.tolist()
+        finished: set[int] = set()
+        for i, job in enumerate(readback.jobs):
+            if done[i] or job.on_tokens is not None:
+                count = min(generated[i], job.row.max_new_tokens)
+                self._deliver(job, readback.out[i, :count].tolist(), done[i])
+            if done[i]:
+                finished.add(id(job))
+        if finished:
+            self._remove(finished)
+        if self._running:
+            self._set_length_due()
+            if self._length_due <= 0:  # a row reached its length after the snapshot
+                self._start_readback()
+        self.stats["sync_s"] += time.perf_counter() - started
+
+    def _remove(self, finished: set[int]) -> None:
+        """Free the finished rows' slots and compact the batch to the others."""
+        keep = [i for i, job in enumerate(self._running) if id(job) not in finished]
+        self._free.extend(job.slot for job in self._running if id(job) in finished)
+        self._running = [self._running[i] for i in keep]
+        if self._running:
+            self._runner.keep(to_device(keep, torch.int64, self._device))
+            self._membership_changed()
+        else:
+            self._runner.clear()
+
+    def _deliver(self, job: Job, tokens: list[int], finished: bool) -> None:
+        visible, finish = cut_at_stop(tokens, self._stop)
+        if job.on_tokens is not None and len(visible) > job.sent:
+            try:
+                job.on_tokens(visible[job.sent :])
+            except Exception:  # a failing listener must not stop the batch
+                logger.exception("stream listener failed")
+            job.sent = len(visible)
+        if finished:
+            self.stats["finished"] += 1
+            with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
+                job.future.set_result(self._result(visible, finish))
+
+    def _reset(self, error: BaseException, *, log: bool = True) -> None:
+        """Fail every running row and empty the batch."""
+        jobs, self._running = self._running, []
+        self._readback = None
+        self._free.extend(job.slot for job in jobs)
+        self._runner.clear()
+        self._fail(jobs, error, log=log)
 
     def _fail(self, jobs: Sequence[Job], error: BaseException, *, log: bool = True) -> None:
         if not jobs:
             return
-        mapped = self._on_error(error, len(jobs))
+        mapped = as_service_error(error, rows=len(jobs))
         if log:
-            logger.error("generation failed for %d rows: %r", len(jobs), error)
+            logger.warning("%d rows failed: %s", len(jobs), mapped.error_type)
+        if isinstance(error, torch.OutOfMemoryError):
+            torch.cuda.empty_cache()
         with self._lock:
             self.stats["failed"] += len(jobs)
         for job in jobs:
             with contextlib.suppress(InvalidStateError):
                 job.future.set_exception(mapped)
-
-
-class GenerateBatcher(Scheduler):
-    """Batches for an engine's ``generate``: what waits goes together, streams alone."""
-
-    def __init__(
-        self,
-        generate: Callable[[Sequence[GenerationRow]], list[GenerationResult]],
-        stream: Callable[[GenerationRow, Emit], GenerationResult],
-        *,
-        max_rows: int,
-        max_waiting: int,
-        on_error: ErrorMap,
-    ) -> None:
-        super().__init__(max_waiting=max_waiting, on_error=on_error, name="hymt-generate")
-        self._generate, self._stream, self._max_rows = generate, stream, max_rows
-
-    def describe(self) -> dict[str, object]:
-        return {"scheduler": "generate", "max_rows": self._max_rows, **super().describe()}
-
-    def _serve(self) -> None:
-        while not self._closed.is_set():
-            self._take(block=not self._waiting)
-            if not self._waiting:
-                continue
-            if self._waiting[0].emit is not None:
-                for job in self._pop_waiting(1):  # none when its request gave up
-                    self._run_stream(job)
-                continue
-            count = 0
-            while count < min(self._max_rows, len(self._waiting)):
-                if self._waiting[count].emit is not None:
-                    break
-                count += 1
-            self._run_batch(self._pop_waiting(count))
-
-    def _run_batch(self, jobs: list[Job]) -> None:
-        if not jobs:
-            return
-        try:
-            results = self._generate([job.row for job in jobs])
-        except Exception as error:
-            self._fail(jobs, error)
-            return
-        for job, result in zip(jobs, results, strict=True):
-            self._finish(job, result)
-
-    def _run_stream(self, job: Job) -> None:
-        assert job.emit is not None
-        try:
-            result = self._stream(job.row, job.emit)
-        except Exception as error:
-            self._fail([job], error)
-            return
-        self._finish(job, result)

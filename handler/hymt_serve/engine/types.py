@@ -1,17 +1,19 @@
-"""Value objects shared by the generation engines (pure Python, no torch).
+"""Value objects of generation (pure Python, no torch): what goes into the engine and out.
 
-A batch reaches an engine as a list of :class:`GenerationRow` (one per text, prompt already
-tokenised with the chat template) and comes back as one :class:`GenerationResult` per row, in
-the same order.
+Each text reaches the engine as one :class:`GenerationRow` (prompt already tokenised with the
+chat template) through ``Engine.submit(row, on_tokens)``, and comes back as the
+:class:`GenerationResult` of the returned future. ``on_tokens`` (:data:`OnTokens`) gets the
+row's new token ids as they become known.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 FinishReason = Literal["stop", "length"]
+OnTokens = Callable[[list[int]], None]
 
 
 def cut_at_stop(tokens: Sequence[int], stop_ids: Collection[int]) -> tuple[list[int], FinishReason]:

@@ -13,12 +13,18 @@ Exception tree::
     ConfigurationError            -- bad settings at start-up (not an HTTP error: the worker
                                      refuses to start and the message says which key is wrong)
 
-Foreign exceptions are translated into these once, in :mod:`hymt_serve.request.service`.
+Every other exception becomes one of these in one place, :func:`as_service_error`: the engine's
+scheduler calls it when rows fail, the service and the handler when a request fails otherwise.
+Service errors pickle as themselves (they cross the engine process's pipe).
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any, ClassVar
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigurationError(ValueError):
@@ -46,6 +52,10 @@ class ServiceError(Exception):
             body["allowed"] = self.allowed
         body["request_id"] = request_id
         return body
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception pickles only ``args``; the keyword fields travel as the instance's state.
+        return (type(self), (self.message,), self.__dict__)
 
 
 class InvalidRequest(ServiceError):
@@ -79,6 +89,31 @@ class Overloaded(ServiceError):
 class OutOfMemory(ServiceError):
     status = 507
     error_type = "out_of_memory"
+
+
+def as_service_error(error: BaseException, *, rows: int = 1) -> ServiceError:
+    """The one translation of a failure into what its requests get.
+
+    A ServiceError stays itself; the device running out of memory is 507 (for ``rows`` texts);
+    anything else is logged with its traceback and becomes 500 generation_failed, its details
+    kept out of the reply.
+    """
+    if isinstance(error, ServiceError):
+        return error
+    if _out_of_memory(error):
+        return OutOfMemory(
+            f"the device ran out of memory for a batch of {rows} texts",
+            allowed="fewer or shorter texts per request, or retry",
+        )
+    logger.error("generation failed for %d texts", rows, exc_info=error)
+    return GenerationFailed(
+        f"generation failed: {type(error).__name__}", allowed="retry the request"
+    )
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    torch = sys.modules.get("torch")  # never imported here: the request side runs without it
+    return torch is not None and isinstance(error, torch.OutOfMemoryError)
 
 
 HTTP_PHRASES: dict[int, str] = {

@@ -1,9 +1,11 @@
 """The translation service: request bodies in, one reply per request out.
 
-It holds the request-level logic between TorchServe and an :class:`Engine` and imports no torch,
-so it is tested with a fake engine in milliseconds. It is the one error boundary: a bad request
-becomes its own 4xx reply, an engine failure becomes a 5xx reply for the requests of that batch,
-and the number of replies always equals the number of requests.
+It holds the request-level logic between TorchServe and the engine and imports no torch, so it
+is tested with a fake engine in milliseconds. One path for both of TorchServe's modes: every
+valid request's rows are submitted to the engine (``submit(row, on_tokens) -> future``), then
+batch mode runs the engine until the batch's futures are done while async mode awaits them.
+A bad request becomes its own 4xx reply, a failure while generating the 5xx of the requests
+whose rows it hit, and the number of replies always equals the number of requests.
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hymt_serve.engine.types import GenerationResult, GenerationRow
-from hymt_serve.request.batching import chunks, merge, split
-from hymt_serve.request.errors import GenerationFailed, PayloadTooLarge, ServiceError
+from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.request.errors import PayloadTooLarge, ServiceError, as_service_error
 from hymt_serve.request.metrics import NullRecorder, Recorder
 from hymt_serve.request.prompts import Template, build_prompt
 from hymt_serve.request.protocol import TranslationRequest, parse_request, render_response
@@ -29,18 +30,10 @@ logger = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
-    """What the service needs from a model engine."""
+    """What the service needs from the engine (in this process or in its own)."""
 
     def encode_prompt(self, user_turn: str) -> list[int]:
         """Token ids of ``user_turn`` rendered as one user turn by the chat template."""
-        ...
-
-    def generate(self, rows: Sequence[GenerationRow]) -> list[GenerationResult]:
-        """One result per row, in order. Raises ServiceError (e.g. OutOfMemory) or anything."""
-        ...
-
-    def stream(self, row: GenerationRow, emit: Callable[[list[int]], None]) -> GenerationResult:
-        """Generate one row, calling ``emit`` with new token ids as they come."""
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -48,10 +41,15 @@ class Engine(Protocol):
         ...
 
     def submit(
-        self, row: GenerationRow, emit: Callable[[list[int]], None] | None = None
+        self, row: GenerationRow, on_tokens: OnTokens | None = None
     ) -> Future[GenerationResult]:
-        """Queue one row for the engine's own scheduler (async mode); ``emit`` gets new token
-        ids as they come, on the scheduler's thread. Raises ServiceError (e.g. Overloaded)."""
+        """Queue one row; ``on_tokens`` gets new token ids as they come (on the engine's
+        stepping thread). Raises ServiceError (e.g. Overloaded, PayloadTooLarge); failures
+        while generating come as the future's ServiceError."""
+        ...
+
+    def run(self, futures: Sequence[Future[GenerationResult]]) -> None:
+        """Return once every future is done (stepping the engine on this thread if needed)."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -60,6 +58,9 @@ class Engine(Protocol):
 
 
 StreamSink = Callable[[int, str], None]  # (request index in the batch, text delta)
+# How a token callback reaches the sink's thread: called at once (batch mode) or handed to
+# the event loop (async mode).
+Hop = Callable[[Callable[[], None]], None]
 Generated = list[GenerationResult] | ServiceError
 
 
@@ -82,6 +83,33 @@ class Reply:
 Outcome = Prepared | ServiceError
 
 
+class _Stream:
+    """A streaming request's text deltas: token ids in, safe text out to the sink."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], send: Callable[[str], None]):
+        self._decoder = IncrementalDecoder(decode)
+        self._send = send
+
+    def push(self, token_ids: list[int]) -> None:
+        delta = self._decoder.push(token_ids)
+        if delta:
+            self._send(delta)
+
+    def finish(self, final_text: str) -> None:
+        tail = self._decoder.finish(final_text)
+        if tail:
+            self._send(tail)
+
+
+@dataclass
+class _InFlight:
+    """One request's rows in the engine."""
+
+    prepared: Prepared
+    futures: list[Future[GenerationResult]] = field(default_factory=list)
+    stream: _Stream | None = None
+
+
 class TranslationService:
     """Parses, tokenises, generates and renders; never raises for a single bad request."""
 
@@ -100,16 +128,9 @@ class TranslationService:
         if isinstance(body, ServiceError):  # the transport already refused it
             return body
         try:
-            request = parse_request(body, self.settings)
-            return self._tokenise(request)
-        except ServiceError as error:
-            return error
-        except Exception as exc:  # the boundary: one request's failure stays in its slot
-            logger.exception("preparing a request failed")
-            return GenerationFailed(
-                f"the request could not be prepared: {type(exc).__name__}",
-                allowed="a JSON object as documented",
-            )
+            return self._tokenise(parse_request(body, self.settings))
+        except Exception as error:  # the boundary: one request's failure stays in its slot
+            return as_service_error(error)
 
     def _tokenise(self, request: TranslationRequest) -> Prepared:
         rows, templates = [], []
@@ -130,77 +151,90 @@ class TranslationService:
     def generate(
         self, outcomes: Sequence[Outcome], sink: StreamSink | None = None
     ) -> list[Generated]:
-        """Every valid request's rows through the engine as one batch, except streaming
-        requests (when a ``sink`` is given), which run one at a time and send text deltas."""
-        streaming = {
-            i
-            for i, o in enumerate(outcomes)
-            if sink is not None and isinstance(o, Prepared) and o.request.stream
-        }
-        results = self._generate_batch(
-            [None if i in streaming else o for i, o in enumerate(outcomes)]
-        )
-        for index in sorted(streaming):
-            prepared = outcomes[index]
-            assert isinstance(prepared, Prepared) and sink is not None
-            results[index] = self._stream_one(index, prepared, sink)
-        return [r if r is not None else GenerationFailed("no result") for r in results]
+        """TorchServe's batch mode: every valid request's rows go to the engine together, and
+        the engine runs on this thread until they are done; streaming requests (when a
+        ``sink`` is given) send their text deltas as they come."""
+        started = time.perf_counter()
+        flights = self._submit_all(outcomes, sink, _at_once)
+        futures = [f for flight in flights if isinstance(flight, _InFlight) for f in flight.futures]
+        try:
+            self.engine.run(futures)
+        except Exception as error:  # the engine failed as a whole: every request of the batch
+            failure = as_service_error(error, rows=len(futures))
+            return [failure if isinstance(f, _InFlight) else f for f in flights]
+        return self._collect(flights, started)
 
-    def _generate_batch(self, outcomes: Sequence[Outcome | None]) -> list[Generated | None]:
-        groups = [o.rows if isinstance(o, Prepared) else None for o in outcomes]
-        rows, owners = merge(groups)
-        if not rows:
-            return [o if isinstance(o, ServiceError) else None for o in outcomes]
-        self.recorder.batch(requests=sum(g is not None for g in groups), rows=len(rows))
-        generated = self._guarded(lambda: self._run_engine(rows, self._chunked(rows)))
-        if isinstance(generated, ServiceError):
-            return [generated if isinstance(o, Prepared) else o for o in outcomes]
-        per_request = split(generated, owners, len(outcomes))
-        return [per_request[i] if isinstance(o, Prepared) else o for i, o in enumerate(outcomes)]
+    async def generate_async(
+        self, outcomes: Sequence[Outcome], sink: StreamSink | None = None
+    ) -> list[Generated]:
+        """TorchServe's async mode: like :meth:`generate`, but awaited: the engine steps on
+        its own and batches these rows with those of every other request in flight; text
+        deltas reach ``sink`` on the event loop."""
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
 
-    def _stream_one(self, index: int, prepared: Prepared, sink: StreamSink) -> Generated:
-        row = prepared.rows[0]
-        decoder = IncrementalDecoder(self.engine.decode)
+        def hop(call: Callable[[], None]) -> None:
+            loop.call_soon_threadsafe(call)
 
-        def emit(token_ids: list[int]) -> None:
-            delta = decoder.push(token_ids)
-            if delta:
-                sink(index, delta)
+        flights = self._submit_all(outcomes, sink, hop)
+        futures = [f for flight in flights if isinstance(flight, _InFlight) for f in flight.futures]
+        if futures:
+            await asyncio.wait([asyncio.wrap_future(f, loop=loop) for f in futures])
+        return self._collect(flights, started)
 
-        self.recorder.batch(requests=1, rows=1)
-        outcome = self._guarded(
-            lambda: self._run_engine([row], lambda: [self.engine.stream(row, emit)])
-        )
+    def _submit_all(
+        self, outcomes: Sequence[Outcome], sink: StreamSink | None, hop: Hop
+    ) -> list[_InFlight | ServiceError]:
+        valid = [o for o in outcomes if isinstance(o, Prepared)]
+        if valid:
+            self.recorder.batch(requests=len(valid), rows=sum(len(o.rows) for o in valid))
+        return [self._submit(i, o, sink, hop) for i, o in enumerate(outcomes)]
+
+    def _submit(
+        self, index: int, outcome: Outcome, sink: StreamSink | None, hop: Hop
+    ) -> _InFlight | ServiceError:
+        """Submit a valid request's rows; a refusal (e.g. Overloaded) fails the request and
+        withdraws its rows already submitted."""
         if isinstance(outcome, ServiceError):
             return outcome
-        tail = decoder.finish(outcome[0].text)
-        if tail:
-            sink(index, tail)
-        return outcome
-
-    def _guarded(self, run: Callable[[], list[GenerationResult]]) -> Generated:
-        """The boundary: an engine failure becomes the ServiceError of the requests it served."""
+        flight = _InFlight(outcome)
+        on_tokens: OnTokens | None = None
+        if sink is not None and outcome.request.stream:
+            stream = flight.stream = _Stream(self.engine.decode, lambda d: sink(index, d))
+            on_tokens = lambda ids: hop(lambda: stream.push(ids))  # noqa: E731
         try:
-            return run()
-        except Exception as exc:
-            return _as_failure(exc)
+            for row in outcome.rows:
+                flight.futures.append(self.engine.submit(row, on_tokens))
+        except Exception as error:
+            for future in flight.futures:
+                future.cancel()
+            return as_service_error(error)
+        return flight
 
-    def _chunked(self, rows: Sequence[GenerationRow]) -> Callable[[], list[GenerationResult]]:
-        def run() -> list[GenerationResult]:
-            results: list[GenerationResult] = []
-            for chunk in chunks(rows, self.settings.max_batch_rows):
-                results.extend(self.engine.generate(chunk))
-            return results
-
-        return run
-
-    def _run_engine(
-        self, rows: Sequence[GenerationRow], run: Callable[[], list[GenerationResult]]
-    ) -> list[GenerationResult]:
-        started = time.perf_counter()
-        results = run()
-        self._record(rows, results, time.perf_counter() - started)
-        return results
+    def _collect(
+        self, flights: Sequence[_InFlight | ServiceError], started: float
+    ) -> list[Generated]:
+        """Each request's results, or the first failure among its rows."""
+        generated: list[Generated] = []
+        rows: list[GenerationRow] = []
+        done: list[GenerationResult] = []
+        for flight in flights:
+            if isinstance(flight, ServiceError):
+                generated.append(flight)
+                continue
+            failure = next((f.exception() for f in flight.futures if f.exception()), None)
+            if failure is not None:
+                generated.append(as_service_error(failure, rows=len(flight.futures)))
+                continue
+            results = [future.result() for future in flight.futures]
+            if flight.stream is not None:
+                flight.stream.finish(results[0].text)
+            rows.extend(flight.prepared.rows)
+            done.extend(results)
+            generated.append(results)
+        if done:
+            self._record(rows, done, time.perf_counter() - started)
+        return generated
 
     def _record(
         self, rows: Sequence[GenerationRow], results: Sequence[GenerationResult], seconds: float
@@ -215,55 +249,6 @@ class TranslationService:
             n_out,
             seconds,
         )
-
-    async def generate_async(
-        self, outcomes: Sequence[Outcome], sink: StreamSink | None = None
-    ) -> list[Generated]:
-        """Like :meth:`generate`, for TorchServe's async mode: each request's rows go to the
-        engine's scheduler, which batches them with the rows of every other request in flight;
-        a streaming request's text deltas reach ``sink`` on the event loop."""
-        loop = asyncio.get_running_loop()
-        tasks = [
-            self._request_async(loop, index, o, sink) if isinstance(o, Prepared) else _done(o)
-            for index, o in enumerate(outcomes)
-        ]
-        return list(await asyncio.gather(*tasks))
-
-    async def _request_async(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        index: int,
-        prepared: Prepared,
-        sink: StreamSink | None,
-    ) -> Generated:
-        stream = sink is not None and prepared.request.stream
-        decoder = IncrementalDecoder(self.engine.decode)
-
-        def on_loop(token_ids: list[int]) -> None:
-            delta = decoder.push(token_ids)
-            if delta and sink is not None:
-                sink(index, delta)
-
-        def emit(token_ids: list[int]) -> None:  # called on the scheduler's thread
-            loop.call_soon_threadsafe(on_loop, token_ids)
-
-        self.recorder.batch(requests=1, rows=len(prepared.rows))
-        started = time.perf_counter()
-        futures: list[asyncio.Future[GenerationResult]] = []
-        try:
-            for row in prepared.rows:
-                submitted = self.engine.submit(row, emit if stream else None)
-                futures.append(asyncio.wrap_future(submitted, loop=loop))
-            results = await asyncio.gather(*futures)
-        except Exception as exc:
-            _cancel(futures)
-            return _as_failure(exc)
-        if stream and sink is not None:
-            tail = decoder.finish(results[0].text)
-            if tail:
-                sink(index, tail)
-        self._record(prepared.rows, results, time.perf_counter() - started)
-        return list(results)
 
     def render(
         self,
@@ -291,20 +276,5 @@ class TranslationService:
         return replies
 
 
-def _as_failure(exc: Exception) -> ServiceError:
-    """The boundary's translation: a ServiceError stays itself; anything else is logged and
-    becomes 500 generation_failed (its details stay in the log)."""
-    if isinstance(exc, ServiceError):
-        return exc
-    logger.error("generation failed", exc_info=exc)
-    return GenerationFailed(f"generation failed: {type(exc).__name__}", allowed="retry the request")
-
-
-async def _done(outcome: ServiceError) -> Generated:
-    return outcome
-
-
-def _cancel(futures: Sequence[asyncio.Future[GenerationResult]]) -> None:
-    """Drop the results of rows already submitted for a request that failed."""
-    for future in futures:
-        future.cancel()
+def _at_once(call: Callable[[], None]) -> None:
+    call()

@@ -1,22 +1,23 @@
-"""The async-mode schedulers on a tiny random hunyuan_v1_dense (CPU): continuous batching must
-give every row the tokens it gets alone, whenever it joins, in whichever slot."""
+"""The scheduler on tiny random models (CPU): rows joining and leaving a running batch, on the
+fast runner and on transformers' forward, on a serving thread and stepped by the caller."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
 
 import pytest
+import torch
+from runner_helpers import scheduler_for
 from test_fast_engine import hf_generate, tiny_model
 from transformers import PreTrainedModel
 
-from hymt_serve.engine.continuous import ContinuousBatcher
-from hymt_serve.engine.fast import FastGenerator
-from hymt_serve.engine.scheduler import GenerateBatcher
+from hymt_serve.engine.fast import build_fast_runner
+from hymt_serve.engine.hf import HFRunner
+from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow, SamplingParams
-from hymt_serve.request.errors import GenerationFailed, Overloaded
+from hymt_serve.request.errors import GenerationFailed, Overloaded, PayloadTooLarge
 
 PROMPTS = (
     (1, 17, 250, 33, 91, 402, 5),
@@ -31,10 +32,6 @@ MAX_NEW = (40, 6, 13, 1, 22, 9)
 
 def result(tokens: list[int], finish: FinishReason) -> GenerationResult:
     return GenerationResult(" ".join(map(str, tokens)), tuple(tokens), finish)
-
-
-def as_error(error: BaseException, rows: int) -> BaseException:
-    return GenerationFailed(f"{type(error).__name__} for {rows} rows")
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +51,15 @@ def batcher_for(
     max_waiting: int = 100,
     stop_ids: Sequence[int] = (),
     before_prefill: object = None,
-) -> ContinuousBatcher:
-    fast = FastGenerator.from_model(model, max_batch_size=slots, max_seq_len=64)
-    batcher = ContinuousBatcher(
+) -> Scheduler:
+    """A scheduler over the fast runner, serving on its own thread."""
+    fast = build_fast_runner(model, max_batch_size=slots, max_seq_len=64)
+    batcher = Scheduler(
         fast,
         stop_ids,
         result,
+        max_seq_len=64,
         max_waiting=max_waiting,
-        on_error=as_error,
         before_prefill=before_prefill,  # type: ignore[arg-type]
     )
     batcher.start()
@@ -69,7 +67,7 @@ def batcher_for(
 
 
 @pytest.fixture
-def batcher(model: PreTrainedModel) -> Iterator[ContinuousBatcher]:
+def batcher(model: PreTrainedModel) -> Iterator[Scheduler]:
     running = batcher_for(model)
     yield running
     running.close()
@@ -83,7 +81,7 @@ def wait_for(predicate: object, timeout: float = 30.0) -> None:
 
 
 def test_rows_joining_a_running_batch_get_their_own_tokens(
-    batcher: ContinuousBatcher, expected: list[list[int]]
+    batcher: Scheduler, expected: list[list[int]]
 ) -> None:
     first = batcher.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]))
     wait_for(lambda: batcher.stats["steps"] >= 5)
@@ -100,7 +98,7 @@ def test_rows_joining_a_running_batch_get_their_own_tokens(
 
 
 def test_a_second_wave_reuses_slots_with_fresh_penalty_state(
-    batcher: ContinuousBatcher, model: PreTrainedModel
+    batcher: Scheduler, model: PreTrainedModel
 ) -> None:
     # top_k 1 makes sampling the argmax of the penalised logits: comparable with transformers.
     penalised = SamplingParams(temperature=1.0, top_p=1.0, top_k=1, repetition_penalty=1.3)
@@ -128,10 +126,10 @@ def test_stop_tokens_end_a_row_early(model: PreTrainedModel, expected: list[list
 
 
 def test_streamed_tokens_add_up_to_the_result(
-    batcher: ContinuousBatcher, expected: list[list[int]]
+    batcher: Scheduler, expected: list[list[int]]
 ) -> None:
     pieces: list[list[int]] = []
-    future = batcher.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]), emit=pieces.append)
+    future = batcher.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]), on_tokens=pieces.append)
     got = future.result(timeout=60)
     assert [t for piece in pieces for t in piece] == list(got.token_ids) == expected[0]
     assert len(pieces) > 1  # delivered as it went, not once at the end
@@ -168,7 +166,7 @@ def test_a_failing_prefill_fails_only_its_rows(
         running = batcher.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]))
         wait_for(lambda: batcher.stats["steps"] >= 3)
         doomed = batcher.submit(GenerationRow(PROMPTS[1], 7))
-        with pytest.raises(GenerationFailed, match="MemoryError for 1 rows"):
+        with pytest.raises(GenerationFailed, match="generation failed: MemoryError"):
             doomed.result(timeout=60)
         assert list(running.result(timeout=60).token_ids) == expected[0]
         after = batcher.submit(GenerationRow(PROMPTS[2], MAX_NEW[2])).result(timeout=60)
@@ -184,16 +182,16 @@ def test_a_failure_after_the_prefill_fails_the_batch_and_the_thread_goes_on(
     them and the running rows, frees every slot, and the next rows are served."""
     batcher = batcher_for(model, slots=2)
     runner = batcher._runner
-    load = runner.load
+    add = runner.add
     calls = {"n": 0}
 
-    def load_failing_second_time(*args: object) -> int:
+    def add_failing_second_time(*args: object) -> None:
         calls["n"] += 1
         if calls["n"] == 2:
             raise MemoryError("injected")
-        return load(*args)  # type: ignore[arg-type]
+        add(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runner, "load", load_failing_second_time)
+    monkeypatch.setattr(runner, "add", add_failing_second_time)
     try:
         running = batcher.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]))
         wait_for(lambda: batcher.stats["steps"] >= 3)
@@ -210,9 +208,10 @@ def test_a_failure_after_the_prefill_fails_the_batch_and_the_thread_goes_on(
         batcher.close()
 
 
-def test_rows_that_do_not_fit_are_refused_on_submit(batcher: ContinuousBatcher) -> None:
-    with pytest.raises(ValueError, match="max_seq_len"):
+def test_rows_that_do_not_fit_are_refused_on_submit(batcher: Scheduler) -> None:
+    with pytest.raises(PayloadTooLarge, match="prompt \\+ max_new_tokens is 71") as refused:
         batcher.submit(GenerationRow(PROMPTS[0], 64))
+    assert refused.value.status == 413
 
 
 def test_cancelled_rows_are_skipped(model: PreTrainedModel) -> None:
@@ -233,61 +232,77 @@ def test_cancelled_rows_are_skipped(model: PreTrainedModel) -> None:
     assert batcher.stats["prefill_rows"] == 2
 
 
-def test_generate_batcher_batches_what_waits_and_streams_alone() -> None:
-    calls: list[int] = []
-    gate = threading.Event()
+def test_the_caller_can_step_until_its_rows_are_done(
+    model: PreTrainedModel, expected: list[list[int]]
+) -> None:
+    """Batch mode and offline use: no serving thread; run() steps on the calling thread and
+    streams reach their listener on that thread too."""
+    scheduler = scheduler_for(build_fast_runner(model, max_batch_size=4, max_seq_len=64))
+    threads: set[int] = set()
+    pieces: list[list[int]] = []
 
-    def generate(rows: Sequence[GenerationRow]) -> list[GenerationResult]:
-        gate.wait()
-        calls.append(len(rows))
-        return [result(list(row.prompt_ids), "length") for row in rows]
+    def listen(ids: list[int]) -> None:
+        threads.add(threading.get_ident())
+        pieces.append(ids)
 
-    def stream(row: GenerationRow, emit: object) -> GenerationResult:
-        calls.append(-1)
-        emit(list(row.prompt_ids))  # type: ignore[operator]
-        return result(list(row.prompt_ids), "stop")
-
-    batcher = GenerateBatcher(generate, stream, max_rows=3, max_waiting=100, on_error=as_error)
-    batcher.start()
-    try:
-        first = batcher.submit(GenerationRow((1,), 1))
-        wait_for(lambda: batcher.describe()["waiting"] == 0)
-        rest: list[Future[GenerationResult]] = [
-            batcher.submit(GenerationRow((i,), 1)) for i in range(2, 7)
-        ]
-        streamed: list[list[int]] = []
-        rest.append(batcher.submit(GenerationRow((9,), 1), emit=streamed.append))
-        gate.set()
-        assert [f.result(timeout=10).token_ids for f in [first, *rest]] == [
-            (1,), (2,), (3,), (4,), (5,), (6,), (9,)
-        ]  # fmt: skip
-    finally:
-        gate.set()
-        batcher.close()
-    assert calls == [1, 3, 2, -1] and streamed == [[9]]
+    futures = [
+        scheduler.submit(GenerationRow(p, n), listen if i == 0 else None)
+        for i, (p, n) in enumerate(zip(PROMPTS, MAX_NEW, strict=True))
+    ]
+    scheduler.run(futures)
+    assert [list(f.result().token_ids) for f in futures] == expected
+    assert [t for piece in pieces for t in piece] == expected[0] and len(pieces) > 1
+    assert threads == {threading.get_ident()}
 
 
-def test_generate_batcher_skips_a_cancelled_stream() -> None:
-    gate = threading.Event()
+@pytest.fixture(scope="module")
+def hf_model() -> PreTrainedModel:
+    return tiny_model()
 
-    def generate(rows: Sequence[GenerationRow]) -> list[GenerationResult]:
-        gate.wait()
-        return [result(list(row.prompt_ids), "length") for row in rows]
 
-    def stream(row: GenerationRow, emit: object) -> GenerationResult:
-        raise AssertionError("a cancelled stream must not run")
+def hf_scheduler(model: PreTrainedModel, slots: int = 4, **options: object) -> Scheduler:
+    return scheduler_for(HFRunner(model, pad_id=0, max_batch_size=slots), **options)
 
-    batcher = GenerateBatcher(generate, stream, max_rows=3, max_waiting=100, on_error=as_error)
-    batcher.start()
-    try:
-        first = batcher.submit(GenerationRow((1,), 1))
-        wait_for(lambda: batcher.describe()["waiting"] == 0)
-        dropped = batcher.submit(GenerationRow((2,), 1), emit=lambda ids: None)
-        assert dropped.cancel()
-        after = batcher.submit(GenerationRow((3,), 1))
-        gate.set()
-        assert first.result(timeout=10).token_ids == (1,)
-        assert after.result(timeout=10).token_ids == (3,)
-    finally:
-        gate.set()
-        batcher.close()
+
+def test_transformers_runner_gives_transformers_tokens(
+    hf_model: PreTrainedModel, expected: list[list[int]]
+) -> None:
+    """Left-padded prompts of different lengths, rows leaving at different steps, more rows
+    than slots (the next batch starts when the last row of the previous one finished)."""
+    scheduler = hf_scheduler(hf_model)
+    futures = [scheduler.submit(GenerationRow(p, n)) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
+    scheduler.run(futures)
+    assert [list(f.result().token_ids) for f in futures] == expected
+    assert scheduler.stats["prefills"] == 2 and scheduler.stats["prefill_rows"] == 6
+
+
+def test_transformers_runner_samples_and_penalises_like_the_fast_runner(
+    hf_model: PreTrainedModel,
+) -> None:
+    penalised = SamplingParams(temperature=1.0, top_p=1.0, top_k=1, repetition_penalty=1.3)
+    rows = [GenerationRow(PROMPTS[0], 15, penalised), GenerationRow(PROMPTS[2], 15)]
+    scheduler = hf_scheduler(hf_model)
+    futures = [scheduler.submit(row) for row in rows]
+    scheduler.run(futures)
+    assert list(futures[0].result().token_ids) == hf_generate(hf_model, PROMPTS[0], 15, 1.3)
+    assert list(futures[1].result().token_ids) == hf_generate(hf_model, PROMPTS[2], 15)
+
+
+def test_transformers_runner_failing_prefill_fails_only_its_row(
+    hf_model: PreTrainedModel, expected: list[list[int]]
+) -> None:
+    """The batch's prefill fails: each row is tried alone; the culprit fails, the first good
+    row starts a batch, the others wait for the next one (the runner takes one at a time)."""
+
+    def explode_on_seven(rows: Sequence[GenerationRow]) -> None:
+        if any(row.max_new_tokens == 7 for row in rows):
+            raise torch.OutOfMemoryError("injected")
+
+    scheduler = hf_scheduler(hf_model, before_prefill=explode_on_seven)
+    good = [GenerationRow(p, n) for p, n in zip(PROMPTS[:3], MAX_NEW[:3], strict=True)]
+    rows = [GenerationRow(PROMPTS[1], 7), *good]
+    futures = [scheduler.submit(row) for row in rows]
+    scheduler.run(futures)
+    error = futures[0].exception()
+    assert error is not None and getattr(error, "status", None) == 507
+    assert [list(f.result().token_ids) for f in futures[1:]] == expected[:3]
