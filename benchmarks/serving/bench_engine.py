@@ -5,12 +5,12 @@ or ``--tiny`` on the CPU), tokenises the load test's sentence mix with the real 
 and the 1.2 x source-tokens length rule of ``loadtest/serving/run_bench.py``, and drives the
 production scheduler (on its serving thread, as in async mode) in a closed loop: each simulated
 user submits its next text from the previous one's completion callback, so no client thread
-competes with the engine for the GIL. Per user count it reports requests/s, output tokens/s, latency, decode
-steps/s, rows per step, texts per prefill and the engine thread's host seconds per wall second
-in admitting (prefill), stepping and reading back. ``--admit-wait-ms``/``--admit-rows`` sweep the
-admission policy. Writes ``engine.json`` and ``engine.md`` to ``--out``. ``--profile-users N``
-adds a profiled window at N users: the engine thread under cProfile (where its host time goes,
-``profile_host.txt``) and the GPU under torch.profiler (kernel time per wall second and the top
+competes with the engine for the GIL. Per user count it reports requests/s, output tokens/s,
+latency, decode steps/s, rows per step, texts per prefill and the engine thread's host seconds
+per wall second in admitting (prefill), stepping and reading back.
+``--admit-wait-ms``/``--admit-rows`` sweep the admission policy. Writes ``engine.json`` and
+``engine.md`` to ``--out``. ``--profile-users N`` adds a profiled window at N users: the engine
+thread under cProfile (where its host time goes, ``profile_host.txt``) and the GPU under torch.profiler (kernel time per wall second and the top
 kernels, ``profile_gpu.txt``).
 
     PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tokenizer TOKDIR --out DIR
