@@ -10,8 +10,8 @@ latency, decode steps/s, rows per step, texts per prefill and the engine thread'
 per wall second in admitting (prefill), stepping and reading back.
 ``--admit-wait-ms``/``--admit-rows`` sweep the admission policy. Writes ``engine.json`` and
 ``engine.md`` to ``--out``. ``--profile-users N`` adds a profiled window at N users: the engine
-thread under cProfile (where its host time goes, ``profile_host.txt``) and the GPU under torch.profiler (kernel time per wall second and the top
-kernels, ``profile_gpu.txt``).
+thread under cProfile (where its host time goes, ``profile_host.txt``) and the GPU under
+torch.profiler (kernel time per wall second and the top kernels, ``profile_gpu.txt``).
 
     PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tokenizer TOKDIR --out DIR
     PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tiny --out DIR
