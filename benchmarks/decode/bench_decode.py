@@ -2,8 +2,9 @@
 
 A program, not a test: one run on one GPU builds the real ``hunyuan_v1_dense`` architecture
 with random bf16 weights (speed does not depend on weight values), measures the device copy
-bandwidth, and for each batch size times HF ``generate`` (eager, dynamic cache) and
-:class:`hymt_serve.engine.fast.FastGenerator`, next to the weight+KV read roofline. Random
+bandwidth, and for each batch size times HF ``generate`` (eager, dynamic cache) and the fast
+engine as production runs it (the scheduler's decode loop over the fast runner, stepped on the
+calling thread as in batch mode), next to the weight+KV read roofline. Random
 weights never choose EOS, so output lengths are fixed. Writes ``results.json``,
 ``results.md`` and ``decode.png`` to ``--out``.
 
@@ -26,8 +27,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
-from hymt_serve.engine.fast import FastGenerator, UnsupportedModelError
-from hymt_serve.engine.types import GenerationRow
+from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
+from hymt_serve.engine.runner import FastRunner
+from hymt_serve.engine.scheduler import Scheduler
+from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow
 from hymt_serve.ops.tiny_model import random_7b_model
 
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
@@ -99,29 +102,37 @@ def hf_runner(
     return run
 
 
+def _ids(tokens: list[int], finish: FinishReason) -> GenerationResult:
+    return GenerationResult("", tuple(tokens), finish)
+
+
 def fast_runner(
-    fast: FastGenerator, batch_prompts: list[tuple[int, ...]]
+    scheduler: Scheduler, batch_prompts: list[tuple[int, ...]]
 ) -> Callable[[int], object]:
+    """Submit the batch's rows and step the scheduler until they are done (no stop tokens)."""
+
     def run(new: int) -> object:
-        return fast.generate([GenerationRow(p, new) for p in batch_prompts], stop_token_ids=())
+        futures = [scheduler.submit(GenerationRow(p, new)) for p in batch_prompts]
+        scheduler.run(futures)
+        return [future.result() for future in futures]
 
     return run
 
 
-def graph_step_ms(fast: FastGenerator, batch: int) -> float:
+def graph_step_ms(runner: FastRunner, batch: int) -> float:
     """Pure replay time of the captured step for ``batch``'s bucket (no sampling)."""
-    runner = fast._runner
-    bucket = runner.bucket_for(batch)
     with torch.inference_mode():
-        runner.clear()
-        runner.positions[:bucket] = 100
-        runner.step(bucket)
-        return _timed(lambda: [runner.step(bucket) for _ in range(50)]) / 50 * 1e3
+        ids = torch.arange(batch, device=runner.device)
+        runner.load(torch.zeros_like(ids), torch.full_like(ids, 100), ids)
+        runner.step()
+        try:
+            return _timed(lambda: [runner.step() for _ in range(50)]) / 50 * 1e3
+        finally:
+            runner.clear()
 
 
-def attention_kernels(fast: FastGenerator) -> list[str]:
+def attention_kernels(runner: FastRunner) -> list[str]:
     """CUDA kernel names seen during one eager decode step that look like attention."""
-    runner = fast._runner
     with (
         torch.inference_mode(),
         torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof,
@@ -134,9 +145,8 @@ def attention_kernels(fast: FastGenerator) -> list[str]:
     return sorted(n for n in names if any(k in n.lower() for k in keys))
 
 
-def kernel_times(fast: FastGenerator, bucket: int, top: int = 12) -> list[dict[str, Any]]:
+def kernel_times(runner: FastRunner, bucket: int, top: int = 12) -> list[dict[str, Any]]:
     """The costliest CUDA kernels of one eager decode step (same kernels as the graph)."""
-    runner = fast._runner
     with torch.inference_mode():
         runner.clear()
         runner.positions[:bucket] = 100
@@ -193,7 +203,7 @@ def quantized_engine_rows(
         path, quantization_config=config, device_map="cuda", dtype=torch.bfloat16
     ).eval()
     try:
-        FastGenerator.from_model(model, max_batch_size=1, max_seq_len=64)
+        build_fast_runner(model, max_batch_size=1, max_seq_len=64)
         note = "the fast engine accepted it (unexpected)"
     except UnsupportedModelError as exc:
         note = f"the fast engine refuses it ({exc.reason})"
@@ -347,19 +357,19 @@ def fast_section(
     """Build the fast engine over ``model`` (fusing its weights in place) and time it."""
     start = time.perf_counter()
     max_seq_len = args.prompt_tokens + args.fast_new_tokens
-    fast = FastGenerator.from_model(
-        model, max_batch_size=max(args.batches), max_seq_len=max_seq_len
-    )
+    fast = build_fast_runner(model, max_batch_size=max(args.batches), max_seq_len=max_seq_len)
     ready_s = time.perf_counter() - start
+    scheduler = Scheduler(fast, (), _ids, max_seq_len=max_seq_len)
     print(f"fast engine ready in {ready_s:.1f} s: {fast.describe()}", flush=True)
-    rows = engine_rows("fast", partial(fast_runner, fast), args, args.fast_new_tokens, roofline)
+    runs = partial(fast_runner, scheduler)
+    rows = engine_rows("fast", runs, args, args.fast_new_tokens, roofline)
     for row in rows:
         row["graph_ms_per_step"] = round(graph_step_ms(fast, row["batch_size"]), 3)
     info = {
         "ready_s": round(ready_s, 1),
-        "fast_engine": fast.describe(),
+        "fast_engine": {**fast.describe(), "scheduler": scheduler.describe()},
         "attention_kernels": attention_kernels(fast),
-        "kernel_times": {b: kernel_times(fast, fast._runner.bucket_for(b)) for b in (1, 64)},
+        "kernel_times": {b: kernel_times(fast, fast.bucket_for(b)) for b in (1, 64)},
     }
     return rows, info
 

@@ -7,12 +7,14 @@ import time
 
 import pytest
 import torch
+from runner_helpers import generate, teacher_forced_logits
 from transformers import GenerationConfig, PreTrainedModel
 
 from hymt_serve.engine.attention import _triton_decode_attention, reference_decode_attention
-from hymt_serve.engine.continuous import ContinuousBatcher
-from hymt_serve.engine.fast import FastGenerator
+from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.model import PackedPrompts, packed_layout
+from hymt_serve.engine.runner import FastRunner
+from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import GenerationResult, GenerationRow
 from hymt_serve.ops.tiny_model import random_7b_model
 
@@ -41,8 +43,8 @@ def model() -> PreTrainedModel:
 
 
 @pytest.fixture(scope="module")
-def fast(model: PreTrainedModel) -> FastGenerator:
-    return FastGenerator.from_model(model, max_batch_size=8, max_seq_len=256)
+def fast(model: PreTrainedModel) -> FastRunner:
+    return build_fast_runner(model, max_batch_size=8, max_seq_len=256)
 
 
 def hf_logits(model: PreTrainedModel, sequence: list[int]) -> torch.Tensor:
@@ -50,7 +52,7 @@ def hf_logits(model: PreTrainedModel, sequence: list[int]) -> torch.Tensor:
         return model(torch.tensor([sequence], device="cuda")).logits[0].float()
 
 
-def test_graphs_and_triton_kernel_are_used(fast: FastGenerator) -> None:
+def test_graphs_and_triton_kernel_are_used(fast: FastRunner) -> None:
     info = fast.describe()
     assert info["cuda_graphs"] is True
     assert info["attention_kernel"] == "triton_gqa_flash_decode"
@@ -73,10 +75,10 @@ def test_triton_attention_matches_reference(batch: int) -> None:
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
 
 
-def test_prefill_graphs_match_the_eager_prefill(fast: FastGenerator) -> None:
+def test_prefill_graphs_match_the_eager_prefill(fast: FastRunner) -> None:
     """A mix of prompts replayed through a captured prefill graph (padded to its bucket) gives
     the logits of the same prefill run eagerly, and fills the cache the same way."""
-    runner = fast.runner
+    runner = fast
     assert runner.prefill_graphs, "prefill graphs were not captured"
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(7)]
     slots = list(range(7))
@@ -94,10 +96,10 @@ def test_prefill_graphs_match_the_eager_prefill(fast: FastGenerator) -> None:
         assert torch.equal(cached[slot, :, :length], runner.caches[0][5][slot, :, :length])
 
 
-def test_logits_match_transformers(model: PreTrainedModel, fast: FastGenerator) -> None:
+def test_logits_match_transformers(model: PreTrainedModel, fast: FastRunner) -> None:
     """bf16 against an fp32 copy of the same weights: ours no further off than transformers'."""
     forced = torch.tensor([[11, 2000, 30000, 7], [5, 6, 7, 8]], device="cuda")
-    ours = fast.teacher_forced_logits(PROMPTS[:2], forced)
+    ours = teacher_forced_logits(fast, PROMPTS[:2], forced)
     sequences = [list(p) + forced[i].tolist() for i, p in enumerate(PROMPTS[:2])]
     theirs = [
         hf_logits(model, seq)[len(p) - 1 :] for seq, p in zip(sequences, PROMPTS, strict=False)
@@ -136,26 +138,25 @@ def assert_agrees(
         assert (top2[0] - top2[1]).item() < NEAR_TIE, (first, ours, theirs)
 
 
-def test_greedy_tokens_agree_with_transformers(model: PreTrainedModel, fast: FastGenerator) -> None:
+def test_greedy_tokens_agree_with_transformers(model: PreTrainedModel, fast: FastRunner) -> None:
     rows = [GenerationRow(p, NEW_TOKENS) for p in PROMPTS]
-    results = fast.generate(rows, stop_token_ids=())
+    results = generate(fast, rows)
     for prompt, (ours, reason) in zip(PROMPTS, results, strict=True):
         assert reason == "length" and len(ours) == NEW_TOKENS
         assert_agrees(model, prompt, ours, hf_greedy(model, prompt, NEW_TOKENS))
 
 
 def test_continuous_batching_agrees_with_transformers(
-    model: PreTrainedModel, fast: FastGenerator
+    model: PreTrainedModel, fast: FastRunner
 ) -> None:
     """Rows joining a running batch at different steps, with different lengths, one streamed:
     the asynchronous read-backs and the packed prefill give each its own greedy tokens."""
     lengths = (40, 9, 23, 1)
-    batcher = ContinuousBatcher(
+    batcher = Scheduler(
         fast,
         (),  # random weights: no stop token, every row runs to its length
         lambda tokens, finish: GenerationResult("", tuple(tokens), finish),
-        max_waiting=100,
-        on_error=lambda error, rows: error,
+        max_seq_len=256,
     )
     batcher.start()
     try:

@@ -178,8 +178,10 @@ class Scheduler:
                 started = time.perf_counter()
                 self._admit()
                 self.stats["admit_s"] += time.perf_counter() - started
-            if self._running:
+            if self._running and self._all_due > 0:
                 self._decode()
+            elif self._running and self._readback is None:  # all at their length: collect
+                self._start_readback()
         except Exception as error:  # the running rows fail, the scheduler goes on
             self._reset(error)
         return bool(self._running or self._waiting)
