@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+import ast
+import pickle
+from pathlib import Path
+
 import pytest
+import torch
 
 from hymt_serve.request import errors
 from hymt_serve.request.errors import HTTP_PHRASES, ServiceError
@@ -37,3 +42,86 @@ def test_statuses() -> None:
     assert errors.PayloadTooLarge.status == 413
     assert errors.Overloaded.status == 503
     assert errors.OutOfMemory.status == 507
+
+
+# Every place the package creates a service error, with the status the client then gets.
+# A new raise site fails test_every_raise_site_is_mapped until it is added here.
+RAISE_SITES: dict[tuple[str, str, str], int] = {
+    # The transport: what TorchServe handed over is not a body we can read.
+    ("hymt_serve/request/transport.py", "body_of", "InvalidRequest"): 400,
+    ("hymt_serve/request/transport.py", "refusal", "InvalidRequest"): 400,
+    # The protocol: the body itself.
+    ("hymt_serve/request/protocol.py", "decode_body", "InvalidRequest"): 400,
+    ("hymt_serve/request/protocol.py", "_json_from_bytes", "InvalidRequest"): 400,
+    ("hymt_serve/request/protocol.py", "_canonical_fields", "InvalidRequest"): 400,
+    ("hymt_serve/request/protocol.py", "_texts", "InvalidRequest"): 400,
+    ("hymt_serve/request/protocol.py", "_texts", "PayloadTooLarge"): 413,
+    ("hymt_serve/request/protocol.py", "_stream", "InvalidRequest"): 400,
+    ("hymt_serve/request/protocol.py", "_language", "InvalidRequest"): 400,
+    ("hymt_serve/request/protocol.py", "_language", "UnsupportedLanguage"): 400,
+    ("hymt_serve/request/protocol.py", "parse_request", "SameLanguage"): 400,
+    ("hymt_serve/request/protocol.py", "_max_new_tokens", "InvalidRequest"): 400,
+    ("hymt_serve/request/protocol.py", "_sampling", "InvalidRequest"): 400,
+    ("hymt_serve/request/protocol.py", "_check_sampling_value", "InvalidRequest"): 400,
+    # The service: a text whose prompt is too long.
+    ("hymt_serve/request/service.py", "_tokenise", "PayloadTooLarge"): 413,
+    # The engine: rows it cannot take, too many waiting, the engine process gone.
+    ("hymt_serve/engine/scheduler.py", "submit", "InvalidRequest"): 400,
+    ("hymt_serve/engine/scheduler.py", "submit", "Overloaded"): 503,
+    ("hymt_serve/engine/runner.py", "check", "PayloadTooLarge"): 413,
+    ("hymt_serve/engine/hf.py", "check", "PayloadTooLarge"): 413,
+    ("hymt_serve/engine/process.py", "submit", "Overloaded"): 503,
+    ("hymt_serve/engine/process.py", "describe_later", "Overloaded"): 503,
+    ("hymt_serve/engine/process.py", "_child_gone", "GenerationFailed"): 500,
+    ("hunyuan_mt_handler.py", "_describe_async", "Overloaded"): 503,
+    # The one translation of every other exception.
+    ("hymt_serve/request/errors.py", "as_service_error", "OutOfMemory"): 507,
+    ("hymt_serve/request/errors.py", "as_service_error", "GenerationFailed"): 500,
+}
+
+
+def raise_sites() -> set[tuple[str, str, str]]:
+    """(file, function, error class) of every construction of a service error in handler/."""
+    names = {cls.__name__ for cls in ALL_ERRORS}
+    root = Path(__file__).resolve().parents[2] / "handler"
+    sites = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for call in ast.walk(node):
+                if (
+                    isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Name)
+                    and call.func.id in names
+                ):
+                    sites.add((path.relative_to(root).as_posix(), node.name, call.func.id))
+    return sites
+
+
+def test_every_raise_site_is_mapped() -> None:
+    assert raise_sites() == set(RAISE_SITES)
+    for (_, _, name), status in RAISE_SITES.items():
+        assert getattr(errors, name).status == status, name
+
+
+@pytest.mark.parametrize("cls", ALL_ERRORS, ids=lambda c: c.__name__)
+def test_errors_cross_a_pipe_as_themselves(cls: type[ServiceError]) -> None:
+    error = cls("what went wrong", allowed={"max": 3}, field="text")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert copy.body("r") == error.body("r") and str(copy) == str(error)
+
+
+def test_as_service_error_translates_once() -> None:
+    mine = errors.Overloaded("busy")
+    assert errors.as_service_error(mine) is mine
+    oom = errors.as_service_error(torch.OutOfMemoryError("CUDA out of memory"), rows=3)
+    assert (type(oom), oom.status, oom.message) == (
+        errors.OutOfMemory,
+        507,
+        "the device ran out of memory for a batch of 3 texts",
+    )
+    other = errors.as_service_error(KeyError("secret detail"))
+    assert (type(other), other.status) == (errors.GenerationFailed, 500)
+    assert "secret" not in other.message and "KeyError" in other.message

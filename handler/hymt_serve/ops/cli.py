@@ -187,7 +187,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 def _cmd_web(args: argparse.Namespace) -> int:
     from waitress import serve
 
-    from .web.app import create_app
+    from hymt_serve.web.app import create_app
 
     server = _server(args.workdir)
     server.workdir.mkdir(parents=True, exist_ok=True)
