@@ -2,10 +2,11 @@
 
 A program, not a test: one run on one GPU builds the real ``hunyuan_v1_dense`` architecture
 with random bf16 weights (speed does not depend on weight values), measures the device copy
-bandwidth, and for each batch size times HF ``generate`` (eager, dynamic cache) and the fast
+bandwidth, and for each batch size times HF ``generate`` (eager, dynamic cache), the
+production fallback (``hf-runner``: the scheduler over transformers' forward) and the fast
 engine as production runs it (the scheduler's decode loop over the fast runner, stepped on the
-calling thread as in batch mode), next to the weight+KV read roofline. Random
-weights never choose EOS, so output lengths are fixed. Writes ``results.json``,
+calling thread as in batch mode), next to the weight+KV read roofline. Random weights never
+choose EOS, so output lengths are fixed. Writes ``results.json``,
 ``results.md`` and ``decode.png`` to ``--out``.
 
     PYTHONPATH=handler python benchmarks/decode/bench_decode.py --out benchmarks/decode
@@ -28,6 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
+from hymt_serve.engine.hf import HFRunner
 from hymt_serve.engine.runner import FastRunner
 from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow
@@ -117,6 +119,16 @@ def fast_runner(
         return [future.result() for future in futures]
 
     return run
+
+
+def fallback_runner(
+    model: PreTrainedModel, batch_prompts: list[tuple[int, ...]]
+) -> Callable[[int], object]:
+    """The production fallback (``engine: hf``, quantized models): the scheduler over
+    transformers' forward, one step at a time."""
+    runner = HFRunner(model, pad_id=127961, max_batch_size=len(batch_prompts))
+    width = len(batch_prompts[0]) + 512
+    return fast_runner(Scheduler(runner, (), _ids, max_seq_len=width), batch_prompts)
 
 
 def graph_step_ms(runner: FastRunner, batch: int) -> float:
@@ -296,7 +308,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    styles = {"hf": "o-", "fast": "s-", "hf-int8": "v:", "hf-nf4": "^:"}
+    styles = {"hf": "o-", "hf-runner": "D-", "fast": "s-", "hf-int8": "v:", "hf-nf4": "^:"}
     for engine, style in styles.items():
         rows = [r for r in report["rows"] if r["engine"] == engine]
         if not rows:
@@ -387,6 +399,9 @@ def main() -> None:
 
     hf = partial(hf_runner, model)
     rows = [] if args.skip_hf else engine_rows("hf", hf, args, args.hf_new_tokens, roofline)
+    if not args.skip_hf:
+        fallback = partial(fallback_runner, model)
+        rows += engine_rows("hf-runner", fallback, args, args.hf_new_tokens, roofline)
     if args.quantized_batches:
         model.save_pretrained(args.checkpoint)  # before the fast engine fuses weights in place
     torch.cuda.empty_cache()

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 
 from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.hf import HFRunner
+from hymt_serve.engine.runner import PREFILL_TOKENS
 from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow, SamplingParams
 from hymt_serve.request.errors import GenerationFailed, Overloaded, PayloadTooLarge
@@ -274,6 +275,18 @@ def test_transformers_runner_gives_transformers_tokens(
     scheduler.run(futures)
     assert [list(f.result().token_ids) for f in futures] == expected
     assert scheduler.stats["prefills"] == 2 and scheduler.stats["prefill_rows"] == 6
+
+
+def test_transformers_runner_starts_every_waiting_row_together(hf_model: PreTrainedModel) -> None:
+    """More prompt tokens than the fast runner admits at once: the transformers runner, which
+    takes new rows only when idle, still starts them in one batch (not one batch after another)."""
+    rows = [GenerationRow(tuple(range(3, 3 + 40)), 4) for _ in range(30)]
+    assert sum(len(row.prompt_ids) for row in rows) > PREFILL_TOKENS
+    scheduler = hf_scheduler(hf_model, slots=32)
+    futures = [scheduler.submit(row) for row in rows]
+    scheduler.run(futures)
+    assert all(len(f.result().token_ids) == 4 for f in futures)
+    assert scheduler.stats["prefills"] == 1 and scheduler.stats["steps"] == 3
 
 
 def test_transformers_runner_samples_and_penalises_like_the_fast_runner(

@@ -27,6 +27,8 @@ class HFRunner:
         self.model = model
         self.pad_id = pad_id
         self.max_batch_size = max_batch_size
+        # Rows join an idle runner only: every waiting row that has a slot starts together.
+        self.prefill_budget: int | None = None
         self.device: torch.device = next(model.parameters()).device
         self.vocab = int(model.config.vocab_size)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0))

@@ -54,6 +54,8 @@ class Runner(Protocol):
 
     max_batch_size: int
     device: torch.device
+    # Prompt tokens admitted at once (a prefill stalls the running batch); None: no bound.
+    prefill_budget: int | None
 
     @property
     def vocab(self) -> int: ...
@@ -118,6 +120,7 @@ class FastRunner:
         self.cache_len = cache_len = max_seq_len + STEP_HEADROOM
         self.buckets = bucket_sizes(max_batch_size)
         self.bucket = 0  # batch positions in use (padded); 0 when idle
+        self.prefill_budget: int | None = PREFILL_TOKENS
         device, dtype = weights.embed.device, weights.embed.dtype
         self.device = device
         self.scratch_slot = max_batch_size

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from hymt_serve.engine.jobs import Job, Readback
 from hymt_serve.engine.model import to_device
-from hymt_serve.engine.runner import PREFILL_TOKENS, STEP_HEADROOM, Runner
+from hymt_serve.engine.runner import STEP_HEADROOM, Runner
 from hymt_serve.engine.slots import SlotState
 from hymt_serve.engine.types import (
     FinishReason,
@@ -223,10 +223,10 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Prefill waiting rows into free slots and add them to the running batch."""
-        packed, count = 0, 0
+        packed, count, budget = 0, 0, self._runner.prefill_budget
         for job in list(self._waiting)[: len(self._free)]:
             packed += len(job.row.prompt_ids)
-            if count and packed > PREFILL_TOKENS:
+            if count and budget is not None and packed > budget:
                 break
             count += 1
         jobs = self._pop_waiting(count)
