@@ -132,20 +132,21 @@ class HunyuanMTHandler:
     async def _describe_async(self) -> dict[str, Any]:
         """:meth:`describe` without blocking the event loop: the engine process answers while
         other requests go on."""
+        from hymt_serve.engine.process import EngineClient
+
         service = self._service()
         engine = service.engine
+        assert isinstance(engine, EngineClient)  # async mode runs the engine in its process
         try:
             facts = await asyncio.wait_for(
-                asyncio.wrap_future(engine.describe_later()),  # type: ignore[attr-defined]
-                DESCRIBE_TIMEOUT_S,
+                asyncio.wrap_future(engine.describe_later()), DESCRIBE_TIMEOUT_S
             )
         except TimeoutError:
             raise Overloaded(
                 f"the engine process did not answer in {DESCRIBE_TIMEOUT_S:g} s",
                 allowed="retry later",
             ) from None
-        engine_facts = engine.with_process(facts)  # type: ignore[attr-defined]
-        return {"engine": engine_facts, "settings": service.settings.public()}
+        return {"engine": engine.with_process(facts), "settings": service.settings.public()}
 
     def _send_delta(self, index: int, delta: str) -> None:
         _send_delta(self.context, index, delta)

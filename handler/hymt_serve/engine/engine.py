@@ -24,8 +24,13 @@ from hymt_serve.engine.hf import HFRunner
 from hymt_serve.engine.loading import LoadedModel, load_model
 from hymt_serve.engine.runner import Runner
 from hymt_serve.engine.scheduler import Scheduler
-from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow, OnTokens
-from hymt_serve.ops.tiny_model import TINY_MODEL_MARKER
+from hymt_serve.engine.types import (
+    TINY_MODEL_MARKER,
+    FinishReason,
+    GenerationResult,
+    GenerationRow,
+    OnTokens,
+)
 from hymt_serve.request.settings import Settings
 
 logger = logging.getLogger(__name__)

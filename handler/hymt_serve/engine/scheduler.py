@@ -58,6 +58,12 @@ assert SYNC_EVERY + 2 * LOOKAHEAD < STEP_HEADROOM
 ADMIT_ROWS = 16
 ADMIT_WAIT_S = 0.02
 IDLE_POLL_S = 0.5
+# What describe() counts; *_s: host seconds admitting (prefill_s: its prefill calls), stepping
+# and collecting read-backs.
+COUNTERS = (
+    *("submitted", "rejected", "finished", "failed", "steps", "row_steps", "prefills"),
+    *("prefill_rows", "readbacks", "readback_waits", "admit_s", "prefill_s", "step_s", "sync_s"),
+)
 
 
 ResultOf = Callable[[list[int], FinishReason], GenerationResult]
@@ -98,12 +104,7 @@ class Scheduler:
         self._all_due = 0  # steps until every running row has reached its length
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
-        self.stats: dict[str, float] = {"submitted": 0, "rejected": 0, "finished": 0, "failed": 0}
-        self.stats.update({"steps": 0, "row_steps": 0, "prefills": 0, "prefill_rows": 0})
-        self.stats.update({"readbacks": 0, "readback_waits": 0})
-        # Host seconds spent admitting (prefill included), stepping and collecting read-backs.
-        # (prefill_s: the part of admit_s spent in the prefill call itself.)
-        self.stats.update({"admit_s": 0.0, "prefill_s": 0.0, "step_s": 0.0, "sync_s": 0.0})
+        self.stats: dict[str, float] = dict.fromkeys(COUNTERS, 0)
 
     # The submission side (any thread).
 

@@ -14,6 +14,9 @@ from typing import Literal
 
 FinishReason = Literal["stop", "length"]
 OnTokens = Callable[[list[int]], None]
+# A model folder holding this file has random weights (``hymt tiny-model`` writes it; the
+# engine's describe output says so).
+TINY_MODEL_MARKER = "TINY_MODEL.json"
 
 
 def cut_at_stop(tokens: Sequence[int], stop_ids: Collection[int]) -> tuple[list[int], FinishReason]:

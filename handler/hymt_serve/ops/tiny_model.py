@@ -13,10 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hymt_serve.engine.types import TINY_MODEL_MARKER
 from hymt_serve.request.languages import LANGUAGES
-
-# The file that marks a folder as the random-weight demo model (the engine reports it).
-TINY_MODEL_MARKER = "TINY_MODEL.json"
 
 TOKENIZER_ENV = "HYMT_TOKENIZER_DIR"
 SPECIAL_TOKENS = (
