@@ -146,7 +146,11 @@ class HunyuanMTHandler:
                 f"the engine process did not answer in {DESCRIBE_TIMEOUT_S:g} s",
                 allowed="retry later",
             ) from None
-        return {"engine": engine.with_process(facts), "settings": service.settings.public()}
+        return {
+            "engine": engine.with_process(facts),
+            "model_family": service.profile.describe(),
+            "settings": service.settings.public(),
+        }
 
     def _send_delta(self, index: int, delta: str) -> None:
         _send_delta(self.context, index, delta)
@@ -154,7 +158,11 @@ class HunyuanMTHandler:
     def describe(self) -> dict[str, Any]:
         """The engine's and the settings' facts, for ``GET /models/<name>?customized=true``."""
         service = self._service()
-        return {"engine": service.engine.describe(), "settings": service.settings.public()}
+        return {
+            "engine": service.engine.describe(),
+            "model_family": service.profile.describe(),
+            "settings": service.settings.public(),
+        }
 
     def _request_ids(self, count: int) -> list[str | None]:
         return _request_ids(self.context, count)

@@ -19,9 +19,12 @@ from typing import Any
 
 import pytest
 import requests
+import yaml
 
 from hymt_serve.ops.launcher import Server, model_status, model_workers
 from hymt_serve.request.languages import SUPPORTED_CODES, Language, lookup
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integration
 MODEL = "hunyuan-mt"
@@ -338,14 +341,22 @@ def test_token_cases_straddle_the_limit(tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
     from hymt_serve.engine.codec import encode_user_turn
-    from hymt_serve.request.prompts import build_prompt
+    from hymt_serve.request.prompts import build_prompt, detect_profile
+    from hymt_serve.request.settings import Settings
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     english, french = lookup("en"), lookup("fr")
     assert english is not None and french is not None
 
+    demo = Settings.from_mapping(
+        {**yaml.safe_load((REPO / "configs/model-config-cpu.yaml").read_text())["handler"]},
+        model_dir=tiny_model_dir,
+        environ={"HYMT_MODEL_PATH": str(tiny_model_dir)},
+    )
+    profile = detect_profile(demo.model_path, demo.prompt_family)
+
     def prompt_tokens(text: str, target: Language) -> int:
-        prompt, _ = build_prompt(text, None, target)
+        prompt, _ = build_prompt(text, None, target, profile=profile)
         return len(encode_user_turn(tokenizer, prompt))
 
     assert prompt_tokens(SCATTERED_HAN, english) > 1024

@@ -63,6 +63,18 @@ def test_multi_text_and_flask_field_names(server: Server) -> None:
     assert body["source_lang"] == "en" and body["target_lang"] == "de"
 
 
+def test_glossary_and_context_on_the_demo_family(server: Server) -> None:
+    """The CPU demo runs the HY-MT1.5 family: both fields reach their templates."""
+    glossary = [{"source": "Hunyuan", "target": "混元"}]
+    by_glossary = predict(server, {"text": "Hunyuan", "target_lang": "zh", "glossary": glossary})
+    by_context = predict(server, {"text": "He left.", "target_lang": "ja", "context": "Tom"})
+    assert (by_glossary.status_code, by_context.status_code) == (200, 200), by_glossary.text
+    assert by_glossary.json()["translations"][0]["template"] == "terminology"
+    assert by_context.json()["translations"][0]["template"] == "context"
+    both = predict(server, {"text": "x", "target_lang": "zh", "glossary": glossary, "context": "y"})
+    assert both.status_code == 400 and both.json()["field"] == "context"
+
+
 def test_concurrent_batch_with_bad_requests(server: Server) -> None:
     bodies: list[Any] = [
         {"text": "Hello", "target_lang": "fr"},

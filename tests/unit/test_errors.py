@@ -63,6 +63,14 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/protocol.py", "_max_new_tokens", "InvalidRequest"): 400,
     ("hymt_serve/request/protocol.py", "_sampling", "InvalidRequest"): 400,
     ("hymt_serve/request/protocol.py", "_check_sampling_value", "InvalidRequest"): 400,
+    # Fields only some model families support (glossary, context).
+    ("hymt_serve/request/features.py", "check_supported", "InvalidRequest"): 400,
+    ("hymt_serve/request/features.py", "parse_glossary", "InvalidRequest"): 400,
+    ("hymt_serve/request/features.py", "parse_glossary", "PayloadTooLarge"): 413,
+    ("hymt_serve/request/features.py", "_pair", "InvalidRequest"): 400,
+    ("hymt_serve/request/features.py", "_pair", "PayloadTooLarge"): 413,
+    ("hymt_serve/request/features.py", "parse_context", "InvalidRequest"): 400,
+    ("hymt_serve/request/features.py", "parse_context", "PayloadTooLarge"): 413,
     # The service: a text whose prompt is too long.
     ("hymt_serve/request/service.py", "_tokenise", "PayloadTooLarge"): 413,
     # The engine: rows it cannot take, too many waiting, the engine process gone.

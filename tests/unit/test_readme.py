@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from hymt_serve.request.prompts import detect_profile
 from hymt_serve.request.protocol import parse_request
 from hymt_serve.request.settings import Settings
 
@@ -30,5 +31,6 @@ def test_every_readme_request_example_is_accepted_by_the_demo_server() -> None:
     bodies = readme_bodies()
     assert len(bodies) >= 4  # the single, multi-text, sampling and streaming examples
     settings = demo_settings()
+    profile = detect_profile(settings.model_path, settings.prompt_family)
     for body in bodies:
-        parse_request(body, settings)  # raises InvalidRequest / PayloadTooLarge
+        parse_request(body, settings, profile)  # raises InvalidRequest / PayloadTooLarge

@@ -9,7 +9,9 @@ Pure functions (no torch), testable in milliseconds. Request body (JSON object):
      "sampling": true,                       optional, default false (greedy)
      "stream": true,                         optional, default false; one text only
      "temperature": 0.7, "top_p": 0.6,       optional with sampling, default the model card's
-     "top_k": 20, "repetition_penalty": 1.05}
+     "top_k": 20, "repetition_penalty": 1.05,
+     "glossary": [{"source": "...", "target": "..."}],   optional, families that support it
+     "context": "..."}                                    (:mod:`hymt_serve.request.features`)
 """
 
 from __future__ import annotations
@@ -28,8 +30,14 @@ from hymt_serve.request.errors import (
     SameLanguage,
     UnsupportedLanguage,
 )
+from hymt_serve.request.features import (
+    FEATURE_FIELDS,
+    check_supported,
+    parse_context,
+    parse_glossary,
+)
 from hymt_serve.request.languages import SUPPORTED_CODES, Language, lookup
-from hymt_serve.request.prompts import Template
+from hymt_serve.request.prompts import HUNYUAN_MT_7B, GlossaryPair, Profile, Template
 from hymt_serve.request.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
 
 ALIASES = {"src_lang": "source_lang", "tgt_lang": "target_lang"}
@@ -48,6 +56,7 @@ FIELDS = (
     "sampling",
     "stream",
     *SAMPLING_FIELDS,
+    *FEATURE_FIELDS,
 )
 
 
@@ -62,6 +71,8 @@ class TranslationRequest:
     max_new_tokens: int
     sampling: SamplingParams | None
     stream: bool = False
+    glossary: tuple[GlossaryPair, ...] = ()
+    context: str | None = None
 
 
 def decode_body(body: Any) -> dict[str, Any]:
@@ -148,12 +159,15 @@ def _json_from_bytes(raw: bytes) -> Any:
         ) from exc
 
 
-def parse_request(body: Any, settings: Settings) -> TranslationRequest:
-    """Validate one request body against the settings' limits.
+def parse_request(
+    body: Any, settings: Settings, profile: Profile = HUNYUAN_MT_7B
+) -> TranslationRequest:
+    """Validate one request body against the settings' limits and the model family's features.
 
     Raises InvalidRequest (400) or PayloadTooLarge (413) saying what was wrong and what is allowed.
     """
     fields = _canonical_fields(decode_body(body))
+    check_supported(fields, profile)
     texts, single = _texts(fields.get("text"), settings)
     target = _language(fields.get("target_lang"), "target_lang", required=True)
     source = _language(fields.get("source_lang"), "source_lang", required=False)
@@ -172,6 +186,8 @@ def parse_request(body: Any, settings: Settings) -> TranslationRequest:
         max_new_tokens=_max_new_tokens(fields.get("max_new_tokens"), settings.max_new_tokens),
         sampling=_sampling(fields, settings.sampling),
         stream=_stream(fields.get("stream", False), single),
+        glossary=parse_glossary(fields["glossary"], settings) if "glossary" in fields else (),
+        context=parse_context(fields["context"], settings) if "context" in fields else None,
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
 from hymt_serve.request.errors import PayloadTooLarge, ServiceError, as_service_error
 from hymt_serve.request.metrics import NullRecorder, Recorder
-from hymt_serve.request.prompts import Template, build_prompt
+from hymt_serve.request.prompts import Template, build_prompt, detect_profile
 from hymt_serve.request.protocol import TranslationRequest, parse_request, render_response
 from hymt_serve.request.settings import Settings
 from hymt_serve.request.streaming import IncrementalDecoder
@@ -117,6 +117,8 @@ class TranslationService:
         self.engine = engine
         self.settings = settings
         self.recorder: Recorder = recorder or NullRecorder()
+        # The model family: its prompt templates and the request fields it supports.
+        self.profile = detect_profile(settings.model_path, settings.prompt_family)
 
     def prepare(self, bodies: Sequence[Any]) -> list[Outcome]:
         """Validate each body and tokenise its prompts; a failure stays in its own slot (a
@@ -128,14 +130,21 @@ class TranslationService:
         if isinstance(body, ServiceError):  # the transport already refused it
             return body
         try:
-            return self._tokenise(parse_request(body, self.settings))
+            return self._tokenise(parse_request(body, self.settings, self.profile))
         except Exception as error:  # the boundary: one request's failure stays in its slot
             return as_service_error(error)
 
     def _tokenise(self, request: TranslationRequest) -> Prepared:
         rows, templates = [], []
         for index, text in enumerate(request.texts):
-            prompt, template = build_prompt(text, request.source, request.target)
+            prompt, template = build_prompt(
+                text,
+                request.source,
+                request.target,
+                profile=self.profile,
+                glossary=request.glossary,
+                context=request.context,
+            )
             ids = self.engine.encode_prompt(prompt)
             if len(ids) > self.settings.max_input_tokens:
                 where = "text" if request.single else f"text[{index}]"
