@@ -6,6 +6,7 @@ Needs Debian's chromium at /usr/bin/chromium (.ci/run installs it) and the playw
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from collections.abc import Iterator
@@ -95,6 +96,35 @@ def test_translate_streams_into_the_page(page: Any) -> None:
     assert page.get_attribute("#output", "dir") == "auto"
     assert page.is_hidden("#error")
     page.screenshot(path=str(REPO / "loadtest/reports/web-page.png"))
+
+
+def test_glossary_and_context_go_with_the_request(page: Any) -> None:
+    """The demo runs the HY-MT1.5 family: the page offers its glossary and context and sends
+    them; a glossary line that is not "term = translation" is refused before any request."""
+    assert page.is_visible("#options")
+    page.click("#options summary")
+    page.fill("#input", "Hunyuan runs on a GPU.")
+    page.fill("#glossary", "Hunyuan = 混元\n\n GPU=图形处理器 ")
+    with page.expect_request("**/api/translate") as sent:
+        page.click("#translate")
+    assert json.loads(sent.value.post_data)["glossary"] == [
+        {"source": "Hunyuan", "target": "混元"},
+        {"source": "GPU", "target": "图形处理器"},
+    ]
+    page.wait_for_function("document.getElementById('stats').textContent.includes('tokens/s')")
+    assert page.inner_text("#output").strip() and page.is_hidden("#error")
+    page.fill("#glossary", "no equals sign")
+    requests_sent: list[str] = []
+    page.on("request", lambda request: requests_sent.append(request.url))
+    page.click("#translate")
+    assert "term = translation" in page.inner_text("#error")
+    assert not [url for url in requests_sent if url.endswith("/api/translate")]
+    page.fill("#glossary", "")
+    page.fill("#context", "Tom is the cat of the house.")
+    with page.expect_request("**/api/translate") as sent:
+        page.click("#translate")
+    body = json.loads(sent.value.post_data)
+    assert body["context"] == "Tom is the cat of the house." and "glossary" not in body
 
 
 def test_ctrl_enter_translates_and_swap_exchanges_the_languages(page: Any) -> None:

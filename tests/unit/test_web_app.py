@@ -288,6 +288,31 @@ def test_config_says_demo_model_from_one_describe_call(
 
 
 @pytest.mark.parametrize(
+    ("family", "features"),
+    [
+        (
+            {"model_family": "HY-MT1.5", "features": ["glossary", "context"]},
+            ["glossary", "context"],
+        ),
+        ({"model_family": "Hunyuan-MT-7B", "features": []}, []),
+        ({"features": ["glossary", "teleport"]}, ["glossary"]),
+        ("nonsense", []),
+        (None, []),
+    ],
+)
+def test_config_lists_the_model_familys_features(
+    client: FlaskClient, upstream: Upstream, family: Any, features: list[str]
+) -> None:
+    described = _described({"engine": "hf"})
+    metadata = json.loads(described[0]["customizedMetadata"])
+    if family is not None:
+        metadata["model_family"] = family
+    described[0]["customizedMetadata"] = json.dumps(metadata)
+    upstream.reply(DESCRIBE, described)
+    assert client.get("/api/config").get_json()["features"] == features
+
+
+@pytest.mark.parametrize(
     "engine", [{"engine": "hf", "random_weights": False}, {"engine": "hf"}], ids=["false", "absent"]
 )
 def test_config_says_no_demo_model_for_a_real_model(

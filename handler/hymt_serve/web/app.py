@@ -55,6 +55,7 @@ def create_app(server: Server, model: str = "hunyuan-mt") -> Flask:
             max_chars=_max_chars(described),
             demo_model=_demo_model(described),
             model=model,
+            features=_features(described),
         )
 
     @app.post("/api/translate")
@@ -142,8 +143,8 @@ def _error_from(upstream: requests.Response) -> tuple[Any, int]:
 
 
 def _describe(server: Server, model: str) -> dict[str, Any]:
-    """The handler's describe output (``{engine, settings}``) from the management API; {} when
-    it cannot be read."""
+    """The handler's describe output (``{engine, model_family, settings}``) from the management
+    API; {} when it cannot be read."""
     try:
         described = requests.get(
             f"{server.management_url()}/models/{model}?customized=true",
@@ -164,6 +165,16 @@ def _max_chars(described: dict[str, Any]) -> int:
         return int(described["settings"]["max_chars_per_text"])
     except (KeyError, TypeError, ValueError):
         return DEFAULT_MAX_CHARS
+
+
+def _features(described: dict[str, Any]) -> list[str]:
+    """The request fields beyond the basics that the loaded model family supports (glossary,
+    context), from ``described``; none when unknown."""
+    family = described.get("model_family")
+    features = family.get("features") if isinstance(family, dict) else None
+    if not isinstance(features, list):
+        return []
+    return [name for name in features if name in ("glossary", "context")]
 
 
 def _demo_model(described: dict[str, Any]) -> bool:

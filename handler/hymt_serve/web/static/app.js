@@ -2,7 +2,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { maxChars: 0, busy: false, streamEvents: 0, demoModel: false };
+const state = { maxChars: 0, busy: false, streamEvents: 0, demoModel: false, features: [] };
 window.hymt = state; // read by the browser tests
 
 const MESSAGES = {
@@ -45,10 +45,40 @@ function readableError(status, body) {
   return body.error || `The server answered HTTP ${status}.`;
 }
 
+// The glossary box's "term = translation" lines as the API's pairs; null when a line is not one.
+function glossaryPairs() {
+  const pairs = [];
+  for (const line of $("glossary").value.split("\n")) {
+    if (!line.trim()) continue;
+    const at = line.indexOf("=");
+    const source = line.slice(0, at).trim();
+    const target = line.slice(at + 1).trim();
+    if (at < 0 || !source || !target) return null;
+    pairs.push({ source, target });
+  }
+  return pairs;
+}
+
+// The request body: the text and languages, plus the options the model supports and the user set.
+function requestBody(text) {
+  const body = { text, source_lang: $("source").value, target_lang: $("target").value };
+  if (state.features.includes("glossary")) {
+    const pairs = glossaryPairs();
+    if (pairs === null) return null;
+    if (pairs.length) body.glossary = pairs;
+  }
+  if (state.features.includes("context") && $("context").value.trim()) {
+    body.context = $("context").value;
+  }
+  return body;
+}
+
 async function translate() {
   if (state.busy) return;
   const text = $("input").value;
   if (!text.trim()) return showError("Type or paste some text first.");
+  const body = requestBody(text);
+  if (body === null) return showError("Write each glossary line as: term = translation");
   showError("");
   $("output").textContent = "";
   $("stats").textContent = "";
@@ -60,11 +90,11 @@ async function translate() {
     const response = await fetch("/api/translate", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ text, source_lang: $("source").value, target_lang: $("target").value }),
+      body: JSON.stringify(body),
     });
     if (!response.ok) {
-      const body = await response.json().catch(() => ({}));
-      return showError(readableError(response.status, body));
+      const reply = await response.json().catch(() => ({}));
+      return showError(readableError(response.status, reply));
     }
     const final = await readStream(response);
     const seconds = (performance.now() - started) / 1000;
@@ -138,6 +168,10 @@ async function init() {
   $("model").textContent = config.model;
   state.demoModel = config.demo_model === true;
   $("demo-notice").hidden = !state.demoModel;
+  state.features = Array.isArray(config.features) ? config.features : [];
+  $("glossary-field").hidden = !state.features.includes("glossary");
+  $("context-field").hidden = !state.features.includes("context");
+  $("options").hidden = state.features.length === 0;
   fillLanguages(config.languages);
   updateCount();
   $("input").addEventListener("input", updateCount);
