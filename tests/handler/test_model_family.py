@@ -71,3 +71,20 @@ def test_hunyuan_mt_7b_refuses_them_and_serves_the_rest_of_the_batch(
     assert (status, ok) == (400, 200)
     assert refused["field"] == field and "Hunyuan-MT-7B" in refused["error"]
     assert handler.describe()["model_family"]["model_family"] == "Hunyuan-MT-7B"
+
+
+def test_the_profile_does_not_depend_on_the_7b_tokenizer_ids(fallback_model_dir: Path) -> None:
+    """HY-MT1.5's prompts with the project's own fallback tokenizer (other ids, other special
+    tokens): the prompt is encoded by that tokenizer's own template, nothing assumes 7B ids."""
+    handler, context = start(fallback_model_dir, prompt_family="hy-mt1.5")
+    body = {"text": "Hunyuan translates.", "target_lang": "zh", "glossary": GLOSSARY}
+    [(status, reply)] = handle(handler, context, [body])
+    assert status == 200 and reply["translations"][0]["template"] == "terminology"
+    engine = handler._service().engine
+    expected, _ = build_prompt(
+        body["text"], None, LANGUAGES["zh"], profile=HY_MT15, glossary=[("Hunyuan", "混元")]
+    )
+    ids = engine.encode_prompt(expected)
+    assert reply["usage"]["input_tokens"] == len(ids)
+    assert engine.decode(ids).endswith(body["text"])  # the text round-trips through its vocabulary
+    assert 127960 not in engine.codec.stop_ids  # not the 7B's <|eos|> id
