@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ast
+import logging
 import pickle
 from pathlib import Path
 
@@ -133,3 +134,20 @@ def test_as_service_error_translates_once() -> None:
     other = errors.as_service_error(KeyError("secret detail"))
     assert (type(other), other.status) == (errors.GenerationFailed, 500)
     assert "secret" not in other.message and "KeyError" in other.message
+
+
+def test_a_failure_logs_no_user_text_above_debug(caplog: pytest.LogCaptureFixture) -> None:
+    def fail() -> None:
+        raise ValueError("the user wrote: secret words")
+
+    try:
+        fail()
+    except ValueError as error:
+        with caplog.at_level(logging.INFO, logger="hymt_serve.request.errors"):
+            errors.as_service_error(error)
+        assert "ValueError at " in caplog.text and "in fail" in caplog.text
+        assert "secret" not in caplog.text
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="hymt_serve.request.errors"):
+            errors.as_service_error(error)
+        assert "secret words" in caplog.text  # the whole traceback, at DEBUG only

@@ -383,8 +383,10 @@ class Scheduler:
         if job.on_tokens is not None and len(visible) > job.sent:
             try:
                 job.on_tokens(visible[job.sent :])
-            except Exception:  # a failing listener must not stop the batch
-                logger.exception("stream listener failed")
+            except Exception as error:  # a failing listener must not stop the batch
+                # Its message may quote streamed text: the type only above DEBUG.
+                logger.warning("stream listener failed: %s", type(error).__name__)
+                logger.debug("stream listener failure in full", exc_info=error)
             job.sent = len(visible)
         if finished:
             self.stats["finished"] += 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from typing import Any, ClassVar
 
 logger = logging.getLogger(__name__)
@@ -95,8 +96,8 @@ def as_service_error(error: BaseException, *, rows: int = 1) -> ServiceError:
     """The one translation of a failure into what its requests get.
 
     A ServiceError stays itself; the device running out of memory is 507 (for ``rows`` texts);
-    anything else is logged with its traceback and becomes 500 generation_failed, its details
-    kept out of the reply.
+    anything else becomes 500 generation_failed, its details kept out of the reply and, above
+    DEBUG, out of the log (its type and place only).
     """
     if isinstance(error, ServiceError):
         return error
@@ -105,10 +106,23 @@ def as_service_error(error: BaseException, *, rows: int = 1) -> ServiceError:
             f"the device ran out of memory for a batch of {rows} texts",
             allowed="fewer or shorter texts per request, or retry",
         )
-    logger.error("generation failed for %d texts", rows, exc_info=error)
+    # An exception's message may quote user text: above DEBUG only its type and where it rose.
+    logger.error(
+        "generation failed for %d texts: %s at %s", rows, type(error).__name__, _origin(error)
+    )
+    logger.debug("generation failure in full", exc_info=error)
     return GenerationFailed(
         f"generation failed: {type(error).__name__}", allowed="retry the request"
     )
+
+
+def _origin(error: BaseException) -> str:
+    """``file:line in function`` of the frame the exception rose in ("unknown" without one)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "unknown"
+    frame = frames[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"
 
 
 def _out_of_memory(error: BaseException) -> bool:
