@@ -1,9 +1,13 @@
-"""A row's way through the scheduler: its :class:`Job`, and the :class:`Readback` that brings
-the running rows' progress to the host."""
+"""A row's way through the scheduler: its :class:`Job`, the :class:`WaitingLine` it joins when
+submitted, and the :class:`Readback` that brings the running rows' progress to the host."""
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -11,6 +15,9 @@ import torch
 from torch import Tensor
 
 from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.request.errors import Overloaded
+
+IDLE_POLL_S = 0.5  # how long an idle stepping thread waits for an arrival per round
 
 
 @dataclass(eq=False)
@@ -22,8 +29,77 @@ class Job:
     on_tokens: OnTokens | None
     arrived: float = field(default_factory=time.monotonic)
     slot: int = -1
-    steps: int = 0  # tokens generated so far (host count)
+    joined: int = 0  # the scheduler's decode-step count when the row was prefilled
     sent: int = 0  # tokens already passed to ``on_tokens``
+
+
+class WaitingLine:
+    """Rows submitted and not yet admitted: any thread puts, the stepping thread takes.
+
+    Submissions go through a thread-safe inbox; the stepping thread moves them to the line, in
+    order. ``stats`` (the scheduler's) counts ``submitted`` and ``rejected``.
+    """
+
+    def __init__(self, max_waiting: int | None, stats: dict[str, float]) -> None:
+        self.max_waiting = max_waiting
+        self._stats = stats
+        self._inbox: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._line: deque[Job] = deque()
+        self._lock = threading.Lock()
+        self.pending = 0  # submitted, not yet admitted (inbox and line)
+
+    def put(self, job: Job) -> None:
+        """Any thread. Raises Overloaded when ``max_waiting`` rows wait already."""
+        with self._lock:
+            if self.max_waiting is not None and self.pending >= self.max_waiting:
+                self._stats["rejected"] += 1
+                raise Overloaded(
+                    f"{self.pending} texts already wait for the model",
+                    allowed="retry after a short pause, or add workers",
+                )
+            self.pending += 1
+            self._stats["submitted"] += 1
+        self._inbox.put(job)
+
+    def take(self, *, block: bool) -> None:
+        """Move submitted jobs to the line (waiting a while for one when ``block``)."""
+        if block:
+            try:
+                self._line.append(self._inbox.get(timeout=IDLE_POLL_S))
+            except queue.Empty:
+                return
+        while True:
+            try:
+                self._line.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def __len__(self) -> int:
+        return len(self._line)
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self._line)
+
+    def first_arrival(self) -> float:
+        return self._line[0].arrived
+
+    def pop(self, count: int) -> list[Job]:
+        """Up to ``count`` jobs from the front, skipping those whose requests gave up already."""
+        jobs = [self._line.popleft() for _ in range(min(count, len(self._line)))]
+        with self._lock:
+            self.pending -= len(jobs)
+        return [job for job in jobs if not job.future.cancelled()]
+
+    def put_back(self, jobs: Sequence[Job]) -> None:
+        """Return popped jobs to the front, in order."""
+        with self._lock:
+            self.pending += len(jobs)
+        self._line.extendleft(reversed(jobs))
+
+    def drain(self) -> list[Job]:
+        """Everything still waiting (the scheduler stops)."""
+        self.take(block=False)
+        return self.pop(len(self._line))
 
 
 @dataclass(eq=False)

@@ -21,11 +21,10 @@ touched (as :func:`~hymt_serve.request.errors.as_service_error` says); the sched
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
-import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import wait as wait_all
@@ -33,7 +32,7 @@ from concurrent.futures import wait as wait_all
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.jobs import Job, Readback
+from hymt_serve.engine.jobs import Job, Readback, WaitingLine
 from hymt_serve.engine.model import to_device
 from hymt_serve.engine.runner import STEP_HEADROOM, Runner
 from hymt_serve.engine.slots import SlotState
@@ -44,7 +43,7 @@ from hymt_serve.engine.types import (
     OnTokens,
     cut_at_stop,
 )
-from hymt_serve.request.errors import InvalidRequest, Overloaded, as_service_error
+from hymt_serve.request.errors import InvalidRequest, as_service_error
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +56,6 @@ assert SYNC_EVERY + 2 * LOOKAHEAD < STEP_HEADROOM
 # has waited this long. An idle engine admits at once.
 ADMIT_ROWS = 16
 ADMIT_WAIT_S = 0.02
-IDLE_POLL_S = 0.5
 # What describe() counts; *_s: host seconds admitting (prefill_s: its prefill calls), stepping
 # and collecting read-backs.
 COUNTERS = (
@@ -85,7 +83,6 @@ class Scheduler:
         admit_wait_s: float = ADMIT_WAIT_S,
     ) -> None:
         self._runner, self._result, self._before_prefill = runner, result, before_prefill
-        self._max_waiting = max_waiting
         self._admit_rows, self._admit_wait_s = admit_rows, admit_wait_s
         self._device = runner.device
         self._stop = set(stop_ids)
@@ -93,18 +90,16 @@ class Scheduler:
             runner.max_batch_size + 1, max_seq_len, runner.vocab, stop_ids, runner.device
         )
         self._free = list(range(runner.max_batch_size - 1, -1, -1))
-        self._inbox: queue.SimpleQueue[Job] = queue.SimpleQueue()
-        self._waiting: deque[Job] = deque()
+        self.stats: dict[str, float] = dict.fromkeys(COUNTERS, 0)
+        self._waiting = WaitingLine(max_waiting, self.stats)
         self._running: list[Job] = []
         self._readback: Readback | None = None
-        self._lock = threading.Lock()
-        self._pending = 0  # submitted, not yet taken by the engine
+        self._decoded = 0  # decode steps run so far (a running job has 1 + this - joined tokens)
         self._since_sync = 0
         self._length_due = 0  # steps until the first running row reaches its length
         self._all_due = 0  # steps until every running row has reached its length
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
-        self.stats: dict[str, float] = dict.fromkeys(COUNTERS, 0)
 
     # The submission side (any thread).
 
@@ -117,17 +112,8 @@ class Scheduler:
         if not row.prompt_ids or row.max_new_tokens < 1:
             raise InvalidRequest("a row needs at least one prompt token and max_new_tokens >= 1")
         self._runner.check(row)
-        with self._lock:
-            if self._max_waiting is not None and self._pending >= self._max_waiting:
-                self.stats["rejected"] += 1
-                raise Overloaded(
-                    f"{self._pending} texts already wait for the model",
-                    allowed="retry after a short pause, or add workers",
-                )
-            self._pending += 1
-            self.stats["submitted"] += 1
         job = Job(row, Future(), on_tokens)
-        self._inbox.put(job)
+        self._waiting.put(job)
         return job.future
 
     def run(self, futures: Sequence[Future[GenerationResult]]) -> None:
@@ -157,8 +143,8 @@ class Scheduler:
         return {
             "slots": self._runner.max_batch_size,
             "running": len(self._running),
-            "waiting": self._pending,
-            "max_waiting": self._max_waiting,
+            "waiting": self._waiting.pending,
+            "max_waiting": self._waiting.max_waiting,
             "mean_running_rows": round(self.stats["row_steps"] / steps, 2) if steps else 0.0,
             "admit_rows": self._admit_rows,
             "admit_wait_ms": round(self._admit_wait_s * 1000, 1),
@@ -171,7 +157,7 @@ class Scheduler:
     def step(self, *, block: bool = False) -> bool:
         """Take arrivals (waiting up to a moment for one when ``block`` and idle), collect a
         read-back, admit, decode one step. Returns whether rows still run or wait."""
-        self._take(block=block and not self._running and not self._waiting)
+        self._waiting.take(block=block and not self._running and not self._waiting)
         try:
             if self._readback is not None:
                 self._collect()
@@ -196,41 +182,26 @@ class Scheduler:
                     self.step(block=True)
         finally:
             self._closed.set()
-            self._take(block=False)
             stopped = RuntimeError("the scheduler stopped")
             self._reset(stopped, log=False)
-            self._fail(list(self._waiting), stopped, log=False)
-            self._waiting.clear()
-
-    def _take(self, *, block: bool) -> None:
-        """Move submitted jobs to the waiting line (waiting a while for one when ``block``)."""
-        if block:
-            try:
-                self._waiting.append(self._inbox.get(timeout=IDLE_POLL_S))
-            except queue.Empty:
-                return
-        while True:
-            try:
-                self._waiting.append(self._inbox.get_nowait())
-            except queue.Empty:
-                return
+            self._fail(self._waiting.drain(), stopped, log=False)
 
     def _admit_now(self) -> bool:
         return self._runner.can_admit(len(self._running)) and (
             not self._running
             or len(self._waiting) >= min(self._admit_rows, len(self._free))
-            or time.monotonic() - self._waiting[0].arrived >= self._admit_wait_s
+            or time.monotonic() - self._waiting.first_arrival() >= self._admit_wait_s
         )
 
     def _admit(self) -> None:
         """Prefill waiting rows into free slots and add them to the running batch."""
         packed, count, budget = 0, 0, self._runner.prefill_budget
-        for job in list(self._waiting)[: len(self._free)]:
+        for job in itertools.islice(self._waiting, len(self._free)):
             packed += len(job.row.prompt_ids)
             if count and budget is not None and packed > budget:
                 break
             count += 1
-        jobs = self._pop_waiting(count)
+        jobs = self._waiting.pop(count)
         if not jobs:
             return
         for job in jobs:
@@ -265,7 +236,8 @@ class Scheduler:
         tokens: list[Tensor] = []
         for position, job in enumerate(jobs):
             if admitted and not self._runner.can_admit(len(self._running) + len(admitted)):
-                self._requeue(jobs[position:])
+                self._free.extend(job.slot for job in jobs[position:])
+                self._waiting.put_back(jobs[position:])
                 break
             try:
                 tokens.append(self._prefill([job]))
@@ -274,12 +246,6 @@ class Scheduler:
                 self._free.append(job.slot)
                 self._fail([job], error)
         return admitted, torch.cat(tokens) if tokens else torch.empty(0)
-
-    def _requeue(self, jobs: Sequence[Job]) -> None:
-        self._free.extend(job.slot for job in jobs)
-        with self._lock:
-            self._pending += len(jobs)
-        self._waiting.extendleft(reversed(jobs))
 
     def _prefill(self, jobs: Sequence[Job]) -> Tensor:
         rows = [job.row for job in jobs]
@@ -291,30 +257,26 @@ class Scheduler:
         self.stats["prefill_s"] += time.perf_counter() - started
         tokens = self._state.start(slots, rows, logits)
         for job in jobs:
-            job.steps = 1
+            job.joined = self._decoded
         return tokens
-
-    def _pop_waiting(self, count: int) -> list[Job]:
-        """Up to ``count`` waiting jobs, skipping those whose requests gave up already."""
-        jobs = [self._waiting.popleft() for _ in range(min(count, len(self._waiting)))]
-        with self._lock:
-            self._pending -= len(jobs)
-        return [job for job in jobs if not job.future.cancelled()]
 
     def _membership_changed(self) -> None:
         self._state.set_batch([job.slot for job in self._running], self._runner.batch_slots())
         self._set_length_due()
 
     def _set_length_due(self) -> None:
-        remaining = [job.row.max_new_tokens - job.steps for job in self._running]
+        remaining = [job.row.max_new_tokens - self._tokens_of(job) for job in self._running]
         self._length_due, self._all_due = min(remaining), max(remaining)
+
+    def _tokens_of(self, job: Job) -> int:
+        """Tokens a running job has generated (the prefill's one, then one per decode step)."""
+        return 1 + self._decoded - job.joined
 
     def _decode(self) -> None:
         started = time.perf_counter()
         tokens = self._state.record(self._runner.step())
         self._runner.advance(tokens)
-        for job in self._running:
-            job.steps += 1
+        self._decoded += 1
         self._length_due -= 1
         self._all_due -= 1
         self._since_sync += 1
@@ -330,7 +292,9 @@ class Scheduler:
         """Queue copies of the running rows' progress to the host, behind the queued steps."""
         self._since_sync = 0
         jobs = list(self._running)
-        done, generated, out = self._state.snapshot(len(jobs), max(job.steps for job in jobs))
+        done, generated, out = self._state.snapshot(
+            len(jobs), max(self._tokens_of(job) for job in jobs)
+        )
         event = None
         if self._device.type == "cuda":
             event = torch.cuda.Event()
@@ -409,8 +373,7 @@ class Scheduler:
             logger.warning("%d rows failed: %s", len(jobs), mapped.error_type)
         if isinstance(error, torch.OutOfMemoryError):
             torch.cuda.empty_cache()
-        with self._lock:
-            self.stats["failed"] += len(jobs)
+        self.stats["failed"] += len(jobs)  # the stepping thread's counter (no lock needed)
         for job in jobs:
             with contextlib.suppress(InvalidStateError):
                 job.future.set_exception(mapped)
