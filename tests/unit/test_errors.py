@@ -76,7 +76,7 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/service.py", "_tokenise", "PayloadTooLarge"): 413,
     # The engine: rows it cannot take, too many waiting, the engine process gone.
     ("hymt_serve/engine/scheduler.py", "submit", "InvalidRequest"): 400,
-    ("hymt_serve/engine/scheduler.py", "submit", "Overloaded"): 503,
+    ("hymt_serve/engine/jobs.py", "put", "Overloaded"): 503,
     ("hymt_serve/engine/runner.py", "check", "PayloadTooLarge"): 413,
     ("hymt_serve/engine/hf.py", "check", "PayloadTooLarge"): 413,
     ("hymt_serve/engine/process.py", "submit", "Overloaded"): 503,

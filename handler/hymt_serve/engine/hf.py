@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 from hymt_serve.engine.types import GenerationRow
 from hymt_serve.request.errors import PayloadTooLarge
@@ -62,8 +63,6 @@ class HFRunner:
             mask[i, width - len(prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        from transformers import DynamicCache
-
         cache = DynamicCache(config=self.model.config)
         out = self.model(
             input_ids=ids,

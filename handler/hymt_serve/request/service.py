@@ -165,7 +165,7 @@ class TranslationService:
         ``sink`` is given) send their text deltas as they come."""
         started = time.perf_counter()
         flights = self._submit_all(outcomes, sink, _at_once)
-        futures = [f for flight in flights if isinstance(flight, _InFlight) for f in flight.futures]
+        futures = _futures(flights)
         try:
             self.engine.run(futures)
         except Exception as error:  # the engine failed as a whole: every request of the batch
@@ -186,7 +186,7 @@ class TranslationService:
             loop.call_soon_threadsafe(call)
 
         flights = self._submit_all(outcomes, sink, hop)
-        futures = [f for flight in flights if isinstance(flight, _InFlight) for f in flight.futures]
+        futures = _futures(flights)
         if futures:
             await asyncio.wait([asyncio.wrap_future(f, loop=loop) for f in futures])
         return self._collect(flights, started)
@@ -231,7 +231,7 @@ class TranslationService:
             if isinstance(flight, ServiceError):
                 generated.append(flight)
                 continue
-            failure = next((f.exception() for f in flight.futures if f.exception()), None)
+            failure = next(filter(None, (f.exception() for f in flight.futures)), None)
             if failure is not None:
                 generated.append(as_service_error(failure, rows=len(flight.futures)))
                 continue
@@ -283,6 +283,10 @@ class TranslationService:
             )
             replies.append(Reply(200, body, outcome.request.stream))
         return replies
+
+
+def _futures(flights: Sequence[_InFlight | ServiceError]) -> list[Future[GenerationResult]]:
+    return [f for flight in flights if isinstance(flight, _InFlight) for f in flight.futures]
 
 
 def _at_once(call: Callable[[], None]) -> None:
