@@ -11,8 +11,9 @@ import pytest
 from fakes import make_context, set_batch
 
 from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.request.families import HY_MT15
 from hymt_serve.request.languages import LANGUAGES
-from hymt_serve.request.prompts import HY_MT15, build_prompt
+from hymt_serve.request.prompts import PromptOptions, build_prompt
 
 
 def start(model_dir: Path, **settings: Any) -> tuple[HunyuanMTHandler, Any]:
@@ -51,7 +52,11 @@ def test_hy_mt15_serves_glossary_and_context(tiny_model_dir: Path) -> None:
     # The prompt carried only the term that occurs in the text: the input token counts agree.
     engine = handler._service().engine
     expected, _ = build_prompt(
-        text, None, LANGUAGES["zh"], profile=HY_MT15, glossary=[("Hunyuan", "混元")]
+        text,
+        None,
+        LANGUAGES["zh"],
+        profile=HY_MT15,
+        options=PromptOptions(glossary=(("Hunyuan", "混元"),)),
     )
     assert "缺席" not in expected
     assert replies[0][1]["usage"]["input_tokens"] == len(engine.encode_prompt(expected))
@@ -82,9 +87,39 @@ def test_the_profile_does_not_depend_on_the_7b_tokenizer_ids(fallback_model_dir:
     assert status == 200 and reply["translations"][0]["template"] == "terminology"
     engine = handler._service().engine
     expected, _ = build_prompt(
-        body["text"], None, LANGUAGES["zh"], profile=HY_MT15, glossary=[("Hunyuan", "混元")]
+        body["text"],
+        None,
+        LANGUAGES["zh"],
+        profile=HY_MT15,
+        options=PromptOptions(glossary=(("Hunyuan", "混元"),)),
     )
     ids = engine.encode_prompt(expected)
     assert reply["usage"]["input_tokens"] == len(ids)
     assert engine.decode(ids).endswith(body["text"])  # the text round-trips through its vocabulary
     assert 127960 not in engine.codec.stop_ids  # not the 7B's <|eos|> id
+
+
+def test_formatted_text_and_refinement_through_the_handler(tiny_model_dir: Path) -> None:
+    """preserve_format: the prompt holds the markup as <sN> tags, the reply says how many tags
+    the (random) model lost and carries no tag of its own; Chimera: candidates in, echoed."""
+    handler, context = start(tiny_model_dir, prompt_family="hy-mt1.5")
+    text = "Press **Save** now."
+    [(status, reply)] = handle(
+        handler, context, [{"text": text, "target_lang": "zh", "preserve_format": "markdown"}]
+    )
+    item = reply["translations"][0]
+    assert status == 200 and item["template"] == "formatted"
+    assert 0 <= item["format_tags_lost"] <= 1 and "<s1>" not in item["text"]
+    engine = handler._service().engine
+    options = PromptOptions(preserve_format="markdown")
+    expected, _ = build_prompt(
+        "Press <s1>Save</s1> now.", None, LANGUAGES["zh"], profile=HY_MT15, options=options
+    )
+    assert item["input_tokens"] == len(engine.encode_prompt(expected))
+
+    handler, context = start(tiny_model_dir, prompt_family="hunyuan-mt-chimera")
+    body = {"text": "你好", "source_lang": "zh", "target_lang": "en", "candidates": ["Hi", "Hello"]}
+    [(status, reply)] = handle(handler, context, [body])
+    assert status == 200 and reply["translations"][0]["template"] == "refine"
+    assert reply["translations"][0]["candidates"] == ["Hi", "Hello"]
+    assert handler.describe()["model_family"]["required"] == ["candidates"]

@@ -10,14 +10,9 @@ from typing import Any
 import pytest
 
 from hymt_serve.request.errors import ConfigurationError, InvalidRequest, PayloadTooLarge
+from hymt_serve.request.families import HUNYUAN_MT_7B, HY_MT15, detect_profile
 from hymt_serve.request.languages import LANGUAGES
-from hymt_serve.request.prompts import (
-    HUNYUAN_MT_7B,
-    HY_MT15,
-    build_prompt,
-    detect_profile,
-    relevant_terms,
-)
+from hymt_serve.request.prompts import PromptOptions, build_prompt, relevant_terms
 from hymt_serve.request.protocol import parse_request
 from hymt_serve.request.settings import Settings
 
@@ -42,7 +37,11 @@ def test_hy_mt15_plain_templates() -> None:
 def test_terminology_template_lists_only_the_terms_in_the_text() -> None:
     glossary = [("Hunyuan", "混元"), ("GPU", "图形处理器"), ("absent", "缺席")]
     prompt, template = build_prompt(
-        "Hunyuan runs on a gpu.", L["en"], L["zh"], profile=HY_MT15, glossary=glossary
+        "Hunyuan runs on a gpu.",
+        L["en"],
+        L["zh"],
+        profile=HY_MT15,
+        options=PromptOptions(glossary=tuple(glossary)),
     )
     assert template == "terminology"
     assert prompt == (
@@ -50,14 +49,24 @@ def test_terminology_template_lists_only_the_terms_in_the_text() -> None:
         "将以下文本翻译为中文，注意只需要输出翻译后的结果，不要额外解释：\nHunyuan runs on a gpu."
     )
     # No term occurs: the plain template, as if there were no glossary.
-    plain = build_prompt("Nothing here.", L["en"], L["de"], profile=HY_MT15, glossary=glossary)
+    plain = build_prompt(
+        "Nothing here.",
+        L["en"],
+        L["de"],
+        profile=HY_MT15,
+        options=PromptOptions(glossary=tuple(glossary)),
+    )
     assert plain[1] == "en"
     assert relevant_terms("ÉCOLE", [("école", "school")]) == [("école", "school")]
 
 
 def test_context_template() -> None:
     prompt, template = build_prompt(
-        "He left.", L["en"], L["ja"], profile=HY_MT15, context="Tom is a cat."
+        "He left.",
+        L["en"],
+        L["ja"],
+        profile=HY_MT15,
+        options=PromptOptions(context="Tom is a cat."),
     )
     assert template == "context"
     assert prompt == (
@@ -68,7 +77,9 @@ def test_context_template() -> None:
 
 
 def test_user_text_with_braces_stays_verbatim() -> None:
-    prompt, _ = build_prompt("{target} {text}", L["en"], L["zh"], profile=HY_MT15, context="{x}")
+    prompt, _ = build_prompt(
+        "{target} {text}", L["en"], L["zh"], profile=HY_MT15, options=PromptOptions(context="{x}")
+    )
     assert prompt.startswith("{x}\n") and prompt.endswith("\n{target} {text}\n")
 
 
@@ -98,9 +109,12 @@ BODY: dict[str, Any] = {"text": "Hunyuan MT", "target_lang": "zh"}
 def test_glossary_and_context_parse_for_hy_mt15() -> None:
     glossary = [{"source": " Hunyuan ", "target": "混元"}]
     request = parse_request({**BODY, "glossary": glossary}, SETTINGS, HY_MT15)
-    assert request.glossary == (("Hunyuan", "混元"),) and request.context is None
-    request = parse_request({**BODY, "context": "A product name."}, SETTINGS, HY_MT15)
-    assert request.context == "A product name." and request.glossary == ()
+    options = request.features.options
+    assert options.glossary == (("Hunyuan", "混元"),) and options.context is None
+    options = parse_request(
+        {**BODY, "context": "A product name."}, SETTINGS, HY_MT15
+    ).features.options
+    assert options.context == "A product name." and options.glossary == ()
 
 
 def test_a_field_the_model_does_not_support_names_the_model() -> None:

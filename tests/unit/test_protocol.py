@@ -150,7 +150,7 @@ def test_unsupported_language_lists_all_codes() -> None:
 def test_render_response_single_and_usage() -> None:
     request = parse({"text": "你好", "target_lang": "en"})
     result = GenerationResult("Hello", (1, 2), "stop")
-    body = render_response(request, [result], [9], ["zh"], "rid")
+    body = render_response(request, [result], [9], ["zh"], [None], "rid")
     assert body == {
         "translation": "Hello",
         "translations": [
@@ -172,7 +172,7 @@ def test_render_response_single_and_usage() -> None:
 def test_render_response_multi_has_no_single_translation_field() -> None:
     request = parse({"text": ["a", "b"], "target_lang": "fr", "source_lang": "en"})
     results = [GenerationResult("A", (1,), "length"), GenerationResult("B", (2, 3), "stop")]
-    body = render_response(request, results, [4, 5], ["en", "en"], None)
+    body = render_response(request, results, [4, 5], ["en", "en"], [None, None], None)
     assert "translation" not in body
     assert [t["text"] for t in body["translations"]] == ["A", "B"]
     assert body["usage"] == {"input_tokens": 9, "output_tokens": 3}

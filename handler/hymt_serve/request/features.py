@@ -1,9 +1,19 @@
-"""Request fields that only some model families support: ``glossary`` and ``context``.
+"""Request fields that only some model families support (see :mod:`hymt_serve.request.families`).
 
-``glossary``: a list of ``{"source": "...", "target": "..."}`` term pairs; the pairs whose
-source term occurs in a text go into that text's prompt (the terminology template).
-``context``: text the translation should take into account without translating it (the
-context template). The model cards define no prompt with both, so a request carries one.
+- ``glossary``: ``[{"source": "...", "target": "..."}, ...]``; the pairs whose source term
+  occurs in a text go into that text's prompt (HY-MT1.5, Hy-MT2).
+- ``context``: text to take into account without translating it (HY-MT1.5; Hy-MT2's
+  "background information").
+- ``preserve_format``: ``"tags"`` (or ``true``): the text carries ``<s1>…</s1>`` tags;
+  ``"markdown"`` / ``"html"``: its inline markup becomes such tags for the model and comes back
+  as markup (:mod:`hymt_serve.request.markup`) (HY-MT1.5).
+- ``style`` (a string), ``preferences`` (a list of instructions), ``delimiters`` (``true``:
+  keep delimiters such as ``|`` or ``###`` as they are), ``data_format`` (the text is JSON,
+  YAML, ...: translate only its user-facing text) (Hy-MT2).
+- ``candidates``: translations for Chimera to refine, 1 to 6 per text (Hunyuan-MT-Chimera-7B,
+  which requires them): a list of strings for one text, a list of such lists for a list.
+
+The model cards define no prompt that combines two of them, so a request carries at most one.
 A field the loaded model's family does not support is a 400 naming the model and what it
 supports; sizes past the settings' limits are 413s.
 """
@@ -11,35 +21,76 @@ supports; sizes past the settings' limits are 413s.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
-from hymt_serve.request.prompts import GlossaryPair, Profile
+from hymt_serve.request.families import FEATURE_TEMPLATES, Profile
+from hymt_serve.request.prompts import GlossaryPair, PromptOptions
 from hymt_serve.request.settings import Settings
 
-FEATURE_FIELDS = ("glossary", "context")
+FEATURE_FIELDS = tuple(FEATURE_TEMPLATES)
+MARKUP_KINDS = ("tags", "markdown", "html")
+DATA_FORMATS = {
+    name.lower(): name for name in ("JSON", "YAML", "XML", "HTML", "Markdown", "CSV", "TOML")
+}
+MAX_PREFERENCES = 16
+MAX_CANDIDATES = 6  # the Chimera card's template numbers six
 
 
-def check_supported(fields: Mapping[str, Any], profile: Profile) -> None:
-    """Raise InvalidRequest for a feature field the profile does not support."""
-    for name in FEATURE_FIELDS:
-        if name in fields and name not in profile.features:
+@dataclass(frozen=True)
+class Features:
+    """A request's validated feature fields."""
+
+    options: PromptOptions = field(default_factory=PromptOptions)
+    candidates: tuple[tuple[str, ...], ...] = ()  # per text (Chimera)
+
+
+def parse_features(
+    fields: Mapping[str, Any], profile: Profile, settings: Settings, texts: int, single: bool
+) -> Features:
+    """Validate the feature fields against the profile and the settings' limits."""
+    present = [name for name in FEATURE_FIELDS if name in fields]
+    for name in present:
+        if name not in profile.features:
             raise InvalidRequest(
                 f"the loaded model ({profile.title}) does not support {name!r}",
                 allowed={"model": profile.title, "features": list(profile.features)},
                 field=name,
             )
-    if all(name in fields for name in FEATURE_FIELDS):
+    for name in profile.required:
+        if name not in fields:
+            raise InvalidRequest(
+                f"the loaded model ({profile.title}) needs {name!r} in every request",
+                allowed={"model": profile.title, "required": list(profile.required)},
+                field=name,
+            )
+    optional = [name for name in present if name not in profile.required]
+    if len(optional) > 1:
         raise InvalidRequest(
-            "glossary and context cannot be combined: the model card defines a prompt for each, "
-            "none for both",
-            allowed="one of glossary or context",
-            field="context",
+            f"{' and '.join(optional)} cannot be combined: the model card defines a prompt for "
+            "each, none for several",
+            allowed=f"one of {optional}",
+            field=optional[1],
         )
+    options = PromptOptions(
+        glossary=_glossary(fields["glossary"], settings) if "glossary" in fields else (),
+        context=_text(fields, "context", settings.max_context_chars),
+        preserve_format=_markup(fields["preserve_format"]) if "preserve_format" in fields else None,
+        style=_text(fields, "style", settings.max_instruction_chars),
+        preferences=_preferences(fields["preferences"], settings)
+        if "preferences" in fields
+        else (),
+        delimiters=_true(fields, "delimiters"),
+        data_format=_data_format(fields["data_format"]) if "data_format" in fields else None,
+    )
+    candidates = (
+        _candidates(fields["candidates"], settings, texts, single) if "candidates" in fields else ()
+    )
+    return Features(options, candidates)
 
 
-def parse_glossary(value: Any, settings: Settings) -> tuple[GlossaryPair, ...]:
-    """The glossary's (source, target) pairs, validated against the settings' limits."""
+def _glossary(value: Any, settings: Settings) -> tuple[GlossaryPair, ...]:
     if not isinstance(value, list) or not value:
         raise InvalidRequest(
             "glossary must be a non-empty list of term pairs",
@@ -63,39 +114,129 @@ def _pair(item: Any, index: int, settings: Settings) -> GlossaryPair:
             allowed='{"source": "term", "target": "translation"}',
             field="glossary",
         )
-    terms = []
-    for key in ("source", "target"):
-        term = item[key]
-        if not isinstance(term, str) or not term.strip():
-            raise InvalidRequest(
-                f"{where}.{key} must be a non-empty string", allowed="text", field="glossary"
-            )
-        if len(term) > settings.max_term_chars:
-            raise PayloadTooLarge(
-                f"{where}.{key} has {len(term)} characters",
-                allowed=f"at most {settings.max_term_chars} characters per term",
-                field="glossary",
-            )
-        if "\n" in term:
-            raise InvalidRequest(
-                f"{where}.{key} spans several lines", allowed="one line", field="glossary"
-            )
-        terms.append(term.strip())
-    return terms[0], terms[1]
+    source = _one_line(item["source"], f"{where}.source", "glossary", settings.max_term_chars)
+    target = _one_line(item["target"], f"{where}.target", "glossary", settings.max_term_chars)
+    return source, target
 
 
-def parse_context(value: Any, settings: Settings) -> str:
-    """The context text, validated against the settings' limit."""
+def _one_line(value: Any, where: str, field: str, limit: int) -> str:
+    """A non-empty one-line string of at most ``limit`` characters, stripped."""
     if not isinstance(value, str) or not value.strip():
-        raise InvalidRequest(
-            "context must be a non-empty string",
-            allowed="text to take into account",
-            field="context",
-        )
-    if len(value) > settings.max_context_chars:
+        raise InvalidRequest(f"{where} must be a non-empty string", allowed="text", field=field)
+    if len(value) > limit:
         raise PayloadTooLarge(
-            f"context has {len(value)} characters",
-            allowed=f"at most {settings.max_context_chars} characters",
-            field="context",
+            f"{where} has {len(value)} characters",
+            allowed=f"at most {limit} characters",
+            field=field,
+        )
+    if "\n" in value.strip():
+        raise InvalidRequest(f"{where} spans several lines", allowed="one line", field=field)
+    return value.strip()
+
+
+def _text(fields: Mapping[str, Any], name: str, limit: int) -> str | None:
+    """A free-text field (context, style), or None when absent."""
+    if name not in fields:
+        return None
+    value = fields[name]
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest(f"{name} must be a non-empty string", allowed="text", field=name)
+    if len(value) > limit:
+        raise PayloadTooLarge(
+            f"{name} has {len(value)} characters",
+            allowed=f"at most {limit} characters",
+            field=name,
         )
     return value
+
+
+def _markup(value: Any) -> str:
+    if value is True:
+        return "tags"
+    if value not in MARKUP_KINDS:
+        raise InvalidRequest(
+            f"preserve_format must be true or one of {list(MARKUP_KINDS)}",
+            allowed=[True, *MARKUP_KINDS],
+            field="preserve_format",
+        )
+    return str(value)
+
+
+def _true(fields: Mapping[str, Any], name: str) -> bool:
+    if name not in fields:
+        return False
+    if fields[name] is not True:
+        raise InvalidRequest(
+            f"{name} must be true (leave it out for false)", allowed=[True], field=name
+        )
+    return True
+
+
+def _preferences(value: Any, settings: Settings) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(
+            "preferences must be a non-empty list of instructions",
+            allowed='["Keep product names in English", ...]',
+            field="preferences",
+        )
+    if len(value) > MAX_PREFERENCES:
+        raise PayloadTooLarge(
+            f"preferences has {len(value)} items",
+            allowed=f"at most {MAX_PREFERENCES}",
+            field="preferences",
+        )
+    return tuple(
+        _one_line(item, f"preferences[{i}]", "preferences", settings.max_instruction_chars)
+        for i, item in enumerate(value)
+    )
+
+
+def _data_format(value: Any) -> str:
+    name = DATA_FORMATS.get(value.lower()) if isinstance(value, str) else None
+    if name is None:
+        raise InvalidRequest(
+            "data_format must name the text's format",
+            allowed=sorted(DATA_FORMATS),
+            field="data_format",
+        )
+    return name
+
+
+def _candidates(
+    value: Any, settings: Settings, texts: int, single: bool
+) -> tuple[tuple[str, ...], ...]:
+    shape = "a list of 1 to 6 strings" + ("" if single else " per text, in a list")
+    if not isinstance(value, list) or (not single and len(value) != texts):
+        raise InvalidRequest(
+            f"candidates must be {shape}",
+            allowed=f"{shape} ({texts} texts)",
+            field="candidates",
+        )
+    per_text = [value] if single else value
+    return tuple(_candidate_list(item, i, settings, single) for i, item in enumerate(per_text))
+
+
+def _candidate_list(value: Any, index: int, settings: Settings, single: bool) -> tuple[str, ...]:
+    where = "candidates" if single else f"candidates[{index}]"
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_CANDIDATES:
+        raise InvalidRequest(
+            f"{where} must be a list of 1 to {MAX_CANDIDATES} translations",
+            allowed=f"1 to {MAX_CANDIDATES} strings",
+            field="candidates",
+        )
+    items = []
+    for position, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip():
+            raise InvalidRequest(
+                f"{where}[{position}] must be a non-empty string",
+                allowed="text",
+                field="candidates",
+            )
+        if len(item) > settings.max_chars_per_text:
+            raise PayloadTooLarge(
+                f"{where}[{position}] has {len(item)} characters",
+                allowed=f"at most {settings.max_chars_per_text}",
+                field="candidates",
+            )
+        items.append(item)
+    return tuple(items)

@@ -23,6 +23,10 @@ class Language:
     def is_chinese(self) -> bool:
         return self.code in CHINESE_CODES
 
+    def name_in(self, language: str) -> str:
+        """The language's name for a prompt in ``language`` ("zh": Chinese, else English)."""
+        return self.chinese if language == "zh" else self.english
+
 
 CHINESE_CODES = frozenset({"zh", "zh-Hant", "yue"})
 

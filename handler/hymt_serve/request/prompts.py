@@ -1,87 +1,46 @@
 """Prompt building: a pure function from (text, languages, options) to the model card's user
-turn, for each model family's *profile*.
+turn for the loaded family's profile (:mod:`hymt_serve.request.families`).
 
 The chat template (applied by the engine with the model's own tokenizer) wraps this text as one
-user turn; there is no system prompt. Templates are verbatim from the model cards
-(Tencent-Hunyuan/Hunyuan-MT and Tencent-Hunyuan/HY-MT): Hunyuan-MT-7B has one template with
-Chinese on either side and one otherwise; HY-MT1.5 rewords the Chinese one and adds
-terminology (``glossary``) and ``context`` templates.
+user turn; there is no system prompt. A request selects at most one feature template (the cards
+define none that combines two); without one, the plain template: the Chinese one when Chinese
+is on either side, else the English one.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
 
-from hymt_serve.request.errors import ConfigurationError
+from hymt_serve.request.families import (
+    HUNYUAN_MT_7B,
+    PROFILES,
+    Profile,
+    detect_profile,
+)
 from hymt_serve.request.languages import Language, looks_chinese
 
-Template = Literal["zh", "en", "terminology", "context"]
-GlossaryPair = tuple[str, str]  # (source term, target term)
+__all__ = ["PROFILES", "Profile", "PromptOptions", "build_prompt", "detect_profile"]
 
-_EN_TEMPLATE = (
-    "Translate the following segment into {target}, without additional explanation.\n\n{text}"
-)
-_HY_MT_7B_ZH = "把下面的文本翻译成{target}，不要额外解释。\n\n{text}"
-_HY_MT15_ZH = "将以下文本翻译为{target}，注意只需要输出翻译后的结果，不要额外解释：\n\n{text}"
-_HY_MT15_TERMS = (
-    "参考下面的翻译：\n{terms}\n\n"
-    "将以下文本翻译为{target}，注意只需要输出翻译后的结果，不要额外解释：\n{text}"
-)
-_HY_MT15_TERM = "{source} 翻译成 {target}"
-_HY_MT15_CONTEXT = (
-    "{context}\n参考上面的信息，把下面的文本翻译成{target}，注意不需要翻译上文，也不要额外解释：\n"
-    "{text}\n"
-)
+Template = str  # "zh", "en" or a feature's template name (families.FEATURE_TEMPLATES)
+GlossaryPair = tuple[str, str]  # (source term, target term)
 
 
 @dataclass(frozen=True)
-class Profile:
-    """A model family: its plain templates and the request features its card documents."""
+class PromptOptions:
+    """A request's feature fields, validated (:mod:`hymt_serve.request.features`)."""
 
-    name: str  # the prompt_family setting's value
-    title: str
-    zh_template: str
-    en_template: str
-    features: tuple[str, ...] = ()  # optional request fields: "glossary", "context"
-
-    def describe(self) -> dict[str, Any]:
-        return {"prompt_family": self.name, "model_family": self.title, "features": self.features}
-
-
-HUNYUAN_MT_7B = Profile("hunyuan-mt-7b", "Hunyuan-MT-7B", _HY_MT_7B_ZH, _EN_TEMPLATE)
-HY_MT15 = Profile("hy-mt1.5", "HY-MT1.5", _HY_MT15_ZH, _EN_TEMPLATE, ("glossary", "context"))
-PROFILES = {profile.name: profile for profile in (HUNYUAN_MT_7B, HY_MT15)}
-# Names in a model folder's path or config that identify a family (checked in this order).
-_MARKS = (("hy-mt1.5", HY_MT15), ("hy-mt1_5", HY_MT15), ("hunyuan-mt", HUNYUAN_MT_7B))
+    glossary: tuple[GlossaryPair, ...] = ()
+    context: str | None = None
+    preserve_format: str | None = None  # "tags", "markdown", "html": the prompt holds <sN> tags
+    style: str | None = None
+    preferences: tuple[str, ...] = ()
+    delimiters: bool = False
+    data_format: str | None = None  # its display name: "JSON", "Markdown", ...
 
 
-def detect_profile(model_path: Path, prompt_family: str = "auto") -> Profile:
-    """The profile the ``prompt_family`` setting names, or for ``auto`` the one the model
-    folder's path or its config's ``_name_or_path`` names (Hunyuan-MT-7B when neither does).
-
-    Raises ConfigurationError for an unknown family name.
-    """
-    if prompt_family != "auto":
-        if prompt_family not in PROFILES:
-            raise ConfigurationError(
-                f"prompt_family must be auto or one of {sorted(PROFILES)}, got {prompt_family!r}"
-            )
-        return PROFILES[prompt_family]
-    names = str(model_path).lower()
-    try:
-        config = json.loads((model_path / "config.json").read_text())
-        names += " " + str(config.get("_name_or_path", "")).lower()
-    except (OSError, ValueError):
-        pass
-    return next((profile for mark, profile in _MARKS if mark in names), HUNYUAN_MT_7B)
-
-
-def choose_template(text: str, source: Language | None, target: Language) -> Template:
-    """The Chinese template when Chinese (zh, zh-Hant, yue) is on either side, else English.
+def choose_language(text: str, source: Language | None, target: Language) -> str:
+    """ "zh" when Chinese (zh, zh-Hant, yue) is on either side, else "en".
 
     Without a source language the text's script decides the source side: mostly Han characters
     with no kana or hangul counts as Chinese.
@@ -102,24 +61,65 @@ def build_prompt(
     target: Language,
     *,
     profile: Profile = HUNYUAN_MT_7B,
-    glossary: Sequence[GlossaryPair] = (),
-    context: str | None = None,
+    options: PromptOptions = PromptOptions(),
+    candidates: Sequence[str] = (),
 ) -> tuple[str, Template]:
     """The user-turn text for translating ``text`` into ``target``, and which template it used.
 
-    With a glossary, the terminology template lists the pairs whose source term occurs in the
-    text, one per line (none occurring: the plain template); with a context, the context
-    template. Both are the profile's features (the caller checks them); their templates are
-    Chinese and name the target language in Chinese.
+    The caller has checked the options against the profile. A glossary lists the pairs whose
+    source term occurs in the text, one per line (none occurring: the plain template).
+    ``candidates`` are Chimera's translations to refine (numbered in order).
     """
-    terms = relevant_terms(text, glossary)
+    language = choose_language(text, source, target)
+    tmpl = _Templates(profile, language, target)
+    if candidates:
+        assert source is not None, "the refine template names the source language"
+        numbered = [
+            tmpl.line("candidate", number=n, candidate=c) for n, c in enumerate(candidates, 1)
+        ]
+        joined = "\n".join(numbered)
+        return tmpl.fill("refine", text, source=source.english, candidates=joined)
+    terms = relevant_terms(text, options.glossary)
     if terms:
-        lines = "\n".join(_HY_MT15_TERM.format(source=s, target=t) for s, t in terms)
-        return _HY_MT15_TERMS.format(terms=lines, target=target.chinese, text=text), "terminology"
-    if context is not None:
-        prompt = _HY_MT15_CONTEXT.format(context=context, target=target.chinese, text=text)
-        return prompt, "context"
-    template = choose_template(text, source, target)
-    if template == "zh":
-        return profile.zh_template.format(target=target.chinese, text=text), template
-    return profile.en_template.format(target=target.english, text=text), template
+        lines = [tmpl.line("term", source=s, target=t) for s, t in terms]
+        return tmpl.fill("terminology", text, terms="\n".join(lines))
+    if options.context is not None:
+        return tmpl.fill("context", text, context=options.context)
+    if options.preserve_format:
+        return tmpl.fill("formatted", text)
+    if options.style is not None:
+        return tmpl.fill("style", text, style=options.style)
+    if options.preferences:
+        tasks = [*options.preferences, tmpl.line("last_task")]
+        numbered = [tmpl.line("task", number=n, task=t) for n, t in enumerate(tasks, 1)]
+        return tmpl.fill("preferences", text, tasks="\n".join(numbered))
+    if options.delimiters:
+        return tmpl.fill("delimiters", text)
+    if options.data_format is not None:
+        return tmpl.fill("structured", text, data_format=options.data_format)
+    return tmpl.fill(language, text)
+
+
+class _Templates:
+    """One profile's templates for one prompt language; a template that exists in one language
+    only is used in that language. Language names follow the template's language."""
+
+    def __init__(self, profile: Profile, language: str, target: Language) -> None:
+        self.templates = profile.templates
+        self.language = language
+        self.target = target
+
+    def _key(self, name: str) -> tuple[str, str]:
+        if name in self.templates:
+            return name, self.language
+        for language in (self.language, "zh", "en"):
+            if f"{name}.{language}" in self.templates:
+                return f"{name}.{language}", language
+        raise KeyError(f"the profile has no template {name!r}")
+
+    def line(self, name: str, **values: object) -> str:
+        key, language = self._key(name)
+        return self.templates[key].format(**{"target": self.target.name_in(language), **values})
+
+    def fill(self, name: str, text: str, **values: object) -> tuple[str, Template]:
+        return self.line(name, text=text, **values), name

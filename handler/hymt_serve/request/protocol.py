@@ -10,8 +10,8 @@ Pure functions (no torch), testable in milliseconds. Request body (JSON object):
      "stream": true,                         optional, default false; one text only
      "temperature": 0.7, "top_p": 0.6,       optional with sampling, default the model card's
      "top_k": 20, "repetition_penalty": 1.05,
-     "glossary": [{"source": "...", "target": "..."}],   optional, families that support it
-     "context": "..."}                                    (:mod:`hymt_serve.request.features`)
+     "glossary": [...], "context": "...", ...}  optional fields of the families that support
+                                                them (:mod:`hymt_serve.request.features`)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 import math
 import reprlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hymt_serve.engine.types import GenerationResult, SamplingParams
@@ -30,14 +30,11 @@ from hymt_serve.request.errors import (
     SameLanguage,
     UnsupportedLanguage,
 )
-from hymt_serve.request.features import (
-    FEATURE_FIELDS,
-    check_supported,
-    parse_context,
-    parse_glossary,
-)
+from hymt_serve.request.families import HUNYUAN_MT_7B, Profile
+from hymt_serve.request.features import FEATURE_FIELDS, Features, parse_features
 from hymt_serve.request.languages import SUPPORTED_CODES, Language, lookup
-from hymt_serve.request.prompts import HUNYUAN_MT_7B, GlossaryPair, Profile, Template
+from hymt_serve.request.markup import Markup, restore, unwrap_target
+from hymt_serve.request.prompts import Template
 from hymt_serve.request.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
 
 ALIASES = {"src_lang": "source_lang", "tgt_lang": "target_lang"}
@@ -71,8 +68,7 @@ class TranslationRequest:
     max_new_tokens: int
     sampling: SamplingParams | None
     stream: bool = False
-    glossary: tuple[GlossaryPair, ...] = ()
-    context: str | None = None
+    features: Features = field(default_factory=Features)
 
 
 def decode_body(body: Any) -> dict[str, Any]:
@@ -167,10 +163,10 @@ def parse_request(
     Raises InvalidRequest (400) or PayloadTooLarge (413) saying what was wrong and what is allowed.
     """
     fields = _canonical_fields(decode_body(body))
-    check_supported(fields, profile)
     texts, single = _texts(fields.get("text"), settings)
+    features = parse_features(fields, profile, settings, len(texts), single)
     target = _language(fields.get("target_lang"), "target_lang", required=True)
-    source = _language(fields.get("source_lang"), "source_lang", required=False)
+    source = _language(fields.get("source_lang"), "source_lang", required=profile.needs_source_lang)
     assert target is not None
     if source is not None and source.code == target.code:
         raise SameLanguage(
@@ -185,9 +181,8 @@ def parse_request(
         target=target,
         max_new_tokens=_max_new_tokens(fields.get("max_new_tokens"), settings.max_new_tokens),
         sampling=_sampling(fields, settings.sampling),
-        stream=_stream(fields.get("stream", False), single),
-        glossary=parse_glossary(fields["glossary"], settings) if "glossary" in fields else (),
-        context=parse_context(fields["context"], settings) if "context" in fields else None,
+        stream=_stream(fields.get("stream", False), single, features),
+        features=features,
     )
 
 
@@ -253,7 +248,7 @@ def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
     return tuple(items), single
 
 
-def _stream(value: Any, single: bool) -> bool:
+def _stream(value: Any, single: bool, features: Features) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest(
             f"stream must be true or false, got {brief(value)}",
@@ -264,6 +259,12 @@ def _stream(value: Any, single: bool) -> bool:
         raise InvalidRequest(
             "stream needs a single text, got a list",
             allowed='"text": "..." with "stream": true',
+            field="stream",
+        )
+    if value and features.options.preserve_format:
+        raise InvalidRequest(
+            "preserve_format cannot stream: its tags become markup once the whole text is back",
+            allowed="stream or preserve_format",
             field="stream",
         )
     return value
@@ -355,22 +356,36 @@ def render_response(
     results: Sequence[GenerationResult],
     input_tokens: Sequence[int],
     templates: Sequence[Template],
+    markups: Sequence[Markup | None],
     request_id: str | None,
 ) -> dict[str, Any]:
-    """The JSON response for a request whose texts were all translated."""
-    items = [
-        {
+    """The JSON response for a request whose texts were all translated.
+
+    ``finish_reason`` "length" says max_new_tokens cut the text. The formatted template's
+    answer loses its ``<target>`` wrapper and gets its markup back (with how many tags the
+    model lost); a refined text lists the candidates it came from.
+    """
+    items = []
+    for index, (result, n_in, template, markup) in enumerate(
+        zip(results, input_tokens, templates, markups, strict=True)
+    ):
+        item: dict[str, Any] = {
             "text": result.text,
             "input_tokens": n_in,
             "output_tokens": result.output_tokens,
             "finish_reason": result.finish_reason,
             "template": template,
         }
-        for result, n_in, template in zip(results, input_tokens, templates, strict=True)
-    ]
+        if template == "formatted":
+            item["text"] = unwrap_target(result.text)
+            if markup is not None:
+                item["text"], item["format_tags_lost"] = restore(item["text"], markup)
+        if request.features.candidates:
+            item["candidates"] = list(request.features.candidates[index])
+        items.append(item)
     response: dict[str, Any] = {}
     if request.single:
-        response["translation"] = results[0].text
+        response["translation"] = items[0]["text"]
     response.update(
         translations=items,
         source_lang=request.source.code if request.source else None,

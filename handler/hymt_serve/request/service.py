@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
 from hymt_serve.request.errors import PayloadTooLarge, ServiceError, as_service_error
+from hymt_serve.request.markup import Markup, to_tags
 from hymt_serve.request.metrics import NullRecorder, Recorder
 from hymt_serve.request.prompts import Template, build_prompt, detect_profile
 from hymt_serve.request.protocol import TranslationRequest, parse_request, render_response
@@ -71,6 +72,7 @@ class Prepared:
     request: TranslationRequest
     rows: tuple[GenerationRow, ...]
     templates: tuple[Template, ...]
+    markups: tuple[Markup | None, ...]  # per text: its markup behind <sN> tags (preserve_format)
 
 
 @dataclass(frozen=True)
@@ -135,15 +137,19 @@ class TranslationService:
             return as_service_error(error)
 
     def _tokenise(self, request: TranslationRequest) -> Prepared:
-        rows, templates = [], []
+        rows, templates, markups = [], [], []
+        options, candidates = request.features.options, request.features.candidates
         for index, text in enumerate(request.texts):
+            markup = None
+            if options.preserve_format in ("markdown", "html"):
+                text, markup = to_tags(text, options.preserve_format)
             prompt, template = build_prompt(
                 text,
                 request.source,
                 request.target,
                 profile=self.profile,
-                glossary=request.glossary,
-                context=request.context,
+                options=options,
+                candidates=candidates[index] if candidates else (),
             )
             ids = self.engine.encode_prompt(prompt)
             if len(ids) > self.settings.max_input_tokens:
@@ -155,7 +161,8 @@ class TranslationService:
                 )
             rows.append(GenerationRow(tuple(ids), request.max_new_tokens, request.sampling))
             templates.append(template)
-        return Prepared(request, tuple(rows), tuple(templates))
+            markups.append(markup)
+        return Prepared(request, tuple(rows), tuple(templates), tuple(markups))
 
     def generate(
         self, outcomes: Sequence[Outcome], sink: StreamSink | None = None
@@ -279,7 +286,12 @@ class TranslationService:
             assert isinstance(outcome, Prepared)
             input_tokens = [len(row.prompt_ids) for row in outcome.rows]
             body = render_response(
-                outcome.request, result, input_tokens, outcome.templates, request_id
+                outcome.request,
+                result,
+                input_tokens,
+                outcome.templates,
+                outcome.markups,
+                request_id,
             )
             replies.append(Reply(200, body, outcome.request.stream))
         return replies

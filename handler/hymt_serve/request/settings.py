@@ -25,7 +25,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("auto", "flash_attention_2", "sdpa", "eager"),
     "quantization": ("none", "int8", "nf4"),
     "engine": ("auto", "hf", "fast"),
-    "prompt_family": ("auto", "hunyuan-mt-7b", "hy-mt1.5"),
+    "prompt_family": ("auto", "hunyuan-mt-7b", "hunyuan-mt-chimera", "hy-mt1.5", "hy-mt2"),
 }
 
 # key: (lowest, highest) allowed, both inclusive.
@@ -39,6 +39,7 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "max_glossary_terms": (0, 10_000),
     "max_term_chars": (1, 10_000),
     "max_context_chars": (0, 1_000_000),
+    "max_instruction_chars": (1, 100_000),
     "top_k": (1, 1_000),
     "test_oom_max_new_tokens": (0, 32_768),
     "test_hang_max_new_tokens": (0, 32_768),
@@ -72,11 +73,13 @@ class Settings:
     # Async mode only: texts that may wait for the engine beyond those it is generating;
     # more get 503 at once (TorchServe's job queue does not apply in async mode).
     max_waiting_rows: int = 1024
-    # Request fields of the families that support them (HY-MT1.5): glossary pairs per request,
-    # characters per glossary term, characters of context.
+    # Request fields of the families that support them (HY-MT1.5, Hy-MT2): glossary pairs per
+    # request, characters per glossary term, characters of context, characters of a style or of
+    # one preference.
     max_glossary_terms: int = 64
     max_term_chars: int = 200
     max_context_chars: int = 2000
+    max_instruction_chars: int = 500
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Test-only fault injection (0 = off): a batch holding a request with exactly this
     # max_new_tokens fails with a device out-of-memory error. Never set it in production.
