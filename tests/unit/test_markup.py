@@ -29,7 +29,10 @@ def test_markdown_lookalikes_stay_text(text: str) -> None:
 
 
 def test_html_pairs_wrap_and_the_rest_stands_in() -> None:
-    text = '<a href="/x">here</a> <B>now <i>please</i></B><br/><code>rm <b>x</b></code><!-- c --><p>open'
+    text = (
+        '<a href="/x">here</a> <B>now <i>please</i></B><br/><code>rm <b>x</b></code>'
+        "<!-- c --><p>open"
+    )
     tagged, markup = to_tags(text, "html")
     assert tagged == (
         "<s1>here</s1> <s2>now <s3>please</s3></s2><s4></s4><s5></s5><s6></s6><s7></s7>open"

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer
 
+from hymt_serve.engine.tiktoken_folder import has_tiktoken_only, load_tiktoken_folder
 from hymt_serve.engine.types import FinishReason, GenerationResult
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.settings import Settings
@@ -25,11 +27,19 @@ def load_tokenizer(settings: Settings) -> Any:
     """The model folder's tokenizer; raises ConfigurationError without a chat template."""
     if not (settings.model_path / "config.json").is_file():
         raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
-    tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
+    tokenizer = read_tokenizer(settings.model_path)
     if not tokenizer.chat_template:
         raise ConfigurationError(f"the tokenizer in {settings.model_path} has no chat template")
     turn_frame(tokenizer)  # refuse a template that does not hold the user text verbatim
     return tokenizer
+
+
+def read_tokenizer(folder: Path) -> Any:
+    """A folder's tokenizer, never running remote code: ``tokenizer.json`` through
+    transformers, or a ``hy.tiktoken``-only folder converted (:mod:`.tiktoken_folder`)."""
+    if has_tiktoken_only(folder):
+        return load_tiktoken_folder(folder)
+    return AutoTokenizer.from_pretrained(folder)
 
 
 class TokenCodec:

@@ -22,7 +22,7 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
     from hymt_serve.ops.tiny_model import build_tiny_model, default_tokenizer_dir
 
     tokenizer = None if args.fallback_tokenizer else (args.tokenizer or default_tokenizer_dir())
-    out = build_tiny_model(args.out, tokenizer)
+    out = build_tiny_model(args.out, tokenizer, tokenizer_format=args.tokenizer_format)
     print(
         f"tiny random-weight model written to {out} "
         f"(tokenizer: {tokenizer or 'fallback built by this project'})"
@@ -212,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--fallback-tokenizer",
         action="store_true",
         help="train the project's small tokenizer even if the real one is found",
+    )
+    tiny.add_argument(
+        "--tokenizer-format",
+        choices=("json", "tiktoken"),
+        default="json",
+        help="tokenizer.json, or hy.tiktoken with a remote-code config (older repositories)",
     )
     tiny.set_defaults(func=_cmd_tiny_model)
 

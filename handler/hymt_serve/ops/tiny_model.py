@@ -160,18 +160,28 @@ def _mute_unprintable_tokens(model: Any, tokenizer: Any, keep: set[int]) -> None
         model.get_input_embeddings().weight[rows] = 0.0
 
 
-def build_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0) -> Path:
-    """Write a tiny random-weight model folder (config, safetensors, tokenizer) to ``out_dir``."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def build_tiny_model(
+    out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0, tokenizer_format: str = "json"
+) -> Path:
+    """Write a tiny random-weight model folder (config, safetensors, tokenizer) to ``out_dir``.
 
-    tokenizer = (
-        AutoTokenizer.from_pretrained(tokenizer_dir)
-        if tokenizer_dir
-        else build_fallback_tokenizer()
-    )
+    ``tokenizer_format`` "tiktoken" writes the tokenizer the way older repositories of the
+    family ship it: ``hy.tiktoken`` and a remote-code ``tokenizer_config.json``, no
+    ``tokenizer.json`` (special tokens then follow the BPE ranks, as there).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hymt_serve.engine.codec import read_tokenizer
+    from hymt_serve.engine.tiktoken_folder import load_tiktoken_folder
+
+    tokenizer = read_tokenizer(tokenizer_dir) if tokenizer_dir else build_fallback_tokenizer()
+    if tokenizer_format == "tiktoken":
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_tiktoken_tokenizer(tokenizer, out_dir)
+        tokenizer = load_tiktoken_folder(out_dir)
     ids: dict[str, int] = {
-        name: int(tokenizer.convert_tokens_to_ids(name))  # type: ignore[arg-type]  # one token
+        name: int(tokenizer.convert_tokens_to_ids(name))
         for name in ("<|startoftext|>", "<|eos|>", "<|pad|>")
     }
     config = AutoConfig.for_model(
@@ -187,7 +197,8 @@ def build_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None, seed: int
     _mute_unprintable_tokens(model, tokenizer, keep={ids["<|eos|>"]})
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    if tokenizer_format != "tiktoken":
+        tokenizer.save_pretrained(out_dir)
     about = {
         "random_weights": True,
         "tokenizer": str(tokenizer_dir) if tokenizer_dir else "fallback",
@@ -195,3 +206,43 @@ def build_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None, seed: int
     }
     (out_dir / TINY_MODEL_MARKER).write_text(json.dumps(about, indent=2) + "\n")
     return out_dir
+
+
+# What a remote-code tokenizer folder names; the file is written so that running it would fail.
+_REMOTE_CODE = "tokenization_hy.py"
+_REMOTE_CODE_TEXT = (
+    '"""Stands in for the remote tokenizer code of the family\'s older repositories."""\n\n'
+    'raise RuntimeError("remote code ran: the folder must load without it")\n'
+)
+
+
+def write_tiktoken_tokenizer(tokenizer: Any, out_dir: Path) -> None:
+    """Write a byte-level BPE ``tokenizer`` as a ``hy.tiktoken`` remote-code folder: its
+    ordinary tokens become ranks in id order, its added tokens follow them in id order."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from hymt_serve.engine.tiktoken_folder import RANKS_FILE, write_ranks
+
+    to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
+    added = dict(sorted(tokenizer.added_tokens_decoder.items()))
+    ordinary = sorted(
+        (index, token) for token, index in tokenizer.get_vocab().items() if index not in added
+    )
+    ranks = {bytes(to_byte[c] for c in token): rank for rank, (_, token) in enumerate(ordinary)}
+    write_ranks(out_dir / RANKS_FILE, ranks)
+    specials = {
+        str(len(ranks) + i): {"content": token.content, "special": True}
+        for i, token in enumerate(added.values())
+    }
+    config = {
+        "tokenizer_class": "HYTokenizer",
+        "auto_map": {"AutoTokenizer": [f"{_REMOTE_CODE[:-3]}.HYTokenizer", None]},
+        "bos_token": "<|startoftext|>",
+        "eos_token": "<|eos|>",
+        "pad_token": "<|pad|>",
+        "added_tokens_decoder": specials,
+        "chat_template": tokenizer.chat_template,
+        "model_max_length": 32768,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=1))
+    (out_dir / _REMOTE_CODE).write_text(_REMOTE_CODE_TEXT)
