@@ -74,15 +74,20 @@ def running_server(
     folder: Path,
     archive_overrides: Mapping[str, Any],
     config_overrides: Mapping[str, str] | None = None,
+    more_models: Mapping[str, tuple[Path, Mapping[str, Any]]] | None = None,
 ) -> Iterator[Server]:
-    """Build an archive of ``model_dir`` (CPU profile + overrides), start, wait, stop after."""
+    """Build an archive of ``model_dir`` (CPU profile + overrides), and of each of
+    ``more_models`` (name: (folder, overrides)), start, wait, stop after."""
     store = folder / "model_store"
-    build_archive(
-        model_path=model_dir,
-        template=REPO / "configs/model-config-cpu.yaml",
-        export_path=store,
-        overrides=archive_overrides,
-    )
+    archives = {MODEL: (model_dir, archive_overrides), **(more_models or {})}
+    for name, (path, archive) in archives.items():
+        build_archive(
+            model_path=path,
+            template=REPO / "configs/model-config-cpu.yaml",
+            export_path=store,
+            overrides=archive,
+            name=name,
+        )
     inference, management, metrics, grpc_i, grpc_m, worker = free_ports(6)
     overrides = {
         "inference_address": f"http://127.0.0.1:{inference}",
@@ -97,11 +102,11 @@ def running_server(
         REPO / "config.properties",
         folder / "run",
         model_store=store,
-        models=[f"{MODEL}={MODEL}.mar"],
+        models=[f"{name}={name}.mar" for name in archives],
         overrides=overrides,
     )
     try:
-        wait_ready(server, [MODEL], timeout=240)
+        wait_ready(server, list(archives), timeout=240)
         yield server
     finally:
         stop(server)

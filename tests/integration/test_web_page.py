@@ -127,6 +127,24 @@ def test_glossary_and_context_go_with_the_request(page: Any) -> None:
     assert body["context"] == "Tom is the cat of the house." and "glossary" not in body
 
 
+def test_formatted_text_is_sent_whole_and_comes_back_without_tags(page: Any) -> None:
+    """HY-MT1.5 keeps formatting: the page offers it (and not Hy-MT2's options), sends it
+    without streaming, and shows the answer with its markup restored."""
+    page.click("#options summary")
+    assert page.is_visible("#preserve_format-field") and page.is_hidden("#style-field")
+    assert page.is_hidden("#refine-field")  # no Chimera model named
+    page.select_option("#source", "en")
+    page.select_option("#target", "zh")
+    page.fill("#input", "Press **Save** to keep [the file](f.txt).")
+    page.select_option("#preserve_format", "markdown")
+    with page.expect_request("**/api/translate") as sent:
+        page.click("#translate")
+    body = json.loads(sent.value.post_data)
+    assert body["preserve_format"] == "markdown" and body["stream"] is False
+    page.wait_for_function("document.getElementById('stats').textContent.includes(' s')")
+    assert "<s1>" not in page.inner_text("#output") and page.is_hidden("#error")
+
+
 def test_ctrl_enter_translates_and_swap_exchanges_the_languages(page: Any) -> None:
     page.select_option("#source", "zh")
     page.select_option("#target", "ja")

@@ -352,3 +352,48 @@ def test_favicon_is_an_image(client: FlaskClient) -> None:
 def test_the_page_has_a_hidden_demo_notice(client: FlaskClient) -> None:
     page = client.get("/").get_data(as_text=True)
     assert 'id="demo-notice"' in page and "random weights" in page
+
+
+# --- /api/refine: two models behind one endpoint ---------------------------------------------
+
+CHIMERA_PREDICTIONS = "/predictions/chimera"
+
+
+def test_refine_is_off_unless_a_chimera_model_is_named(
+    client: FlaskClient, upstream: Upstream
+) -> None:
+    response = client.post("/api/refine", json={"text": "x", "target_lang": "en"})
+    assert response.status_code == 404 and "--refine-model" in response.get_json()["error"]
+    upstream.reply(DESCRIBE, _described({"engine": "hf"}))
+    assert client.get("/api/config").get_json()["refine"] is False
+    assert not upstream.forwarded()
+
+
+def test_refine_calls_both_models_with_the_inference_key(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    app = create_app(_workdir(tmp_path, upstream.url), MODEL, refine_model="chimera")
+    client = app.test_client()
+    counter = iter(range(100))
+
+    def candidate(_request: Request) -> Response:
+        body = {
+            "translations": [{"text": f"c{next(counter) % 2}", "finish_reason": "stop"}],
+            "usage": {"input_tokens": 3, "output_tokens": 2},
+        }
+        return _response(json.dumps(body).encode(), 200, "application/json")
+
+    upstream.replies[PREDICTIONS] = candidate
+    refined = {"translations": [{"text": "best", "candidates": ["c0", "c1"]}], "usage": {}}
+    upstream.reply(CHIMERA_PREDICTIONS, refined)
+    body = {"text": "x", "source_lang": "en", "target_lang": "fr"}
+    response = client.post("/api/refine", json=body)
+    assert response.status_code == 200 and response.get_json()["translation"] == "best"
+    assert len(upstream.forwarded()) == 6
+    [chimera] = upstream.forwarded(CHIMERA_PREDICTIONS)
+    assert chimera.json()["candidates"] == [["c0", "c1"]]
+    assert chimera.headers["Authorization"] == "Bearer inference-key"
+    upstream.reply(CHIMERA_PREDICTIONS, {"code": 503, "type": "x", "message": "no worker"}, 503)
+    failed = client.post("/api/refine", json=body)
+    assert failed.status_code == 503 and failed.get_json()["error"] == "no worker"
+    assert client.post("/api/refine", data="nope").status_code == 400

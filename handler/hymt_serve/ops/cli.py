@@ -195,7 +195,8 @@ def _cmd_web(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"translation page on http://{args.host}:{args.port}/ (TorchServe key stays here)")
     try:
-        serve(create_app(server, args.model), host=args.host, port=args.port, threads=8)
+        app = create_app(server, args.model, refine_model=args.refine_model)
+        serve(app, host=args.host, port=args.port, threads=8)
     finally:
         server.web_pid_path.unlink(missing_ok=True)
     return 0
@@ -304,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     web = sub.choices["web"]
     web.add_argument("--host", default="127.0.0.1")
     web.add_argument("--port", type=int, default=8000)
+    web.add_argument(
+        "--refine-model",
+        help="name of a Hunyuan-MT-Chimera model on the same TorchServe: enables /api/refine",
+    )
     translate = sub.choices["translate"]
     translate.add_argument("text")
     translate.add_argument("--to", required=True, help="target language code")

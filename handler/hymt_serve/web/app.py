@@ -18,10 +18,25 @@ from flask import Flask, Response, jsonify, request
 
 from hymt_serve.ops.launcher import Server
 from hymt_serve.request.languages import LANGUAGES
+from hymt_serve.web.refine import Post, refine
 
 DEFAULT_MAX_CHARS = 4000
 JSON, NDJSON = "application/json", "application/x-ndjson"
 TORCHSERVE_TYPES = {400: "invalid_request", 413: "payload_too_large", 503: "server_busy"}
+# The family features the page has controls for.
+PAGE_FEATURES = (
+    "glossary",
+    "context",
+    "preserve_format",
+    "style",
+    "preferences",
+    "delimiters",
+    "data_format",
+)
+UNREACHABLE = {
+    "error": "the translation server cannot be reached",
+    "error_type": "server_unavailable",
+}
 # TorchServe answers some statuses with an empty body (413 for a body over max_request_size).
 EMPTY_BODY_MESSAGES = {
     413: "the request is larger than the server accepts",
@@ -29,8 +44,9 @@ EMPTY_BODY_MESSAGES = {
 }
 
 
-def create_app(server: Server, model: str = "hunyuan-mt") -> Flask:
-    """The Flask app for the page of TorchServe ``server`` serving ``model``."""
+def create_app(server: Server, model: str = "hunyuan-mt", refine_model: str | None = None) -> Flask:
+    """The Flask app for the page of TorchServe ``server`` serving ``model`` (and, for
+    ``/api/refine``, the Hunyuan-MT-Chimera model named ``refine_model``)."""
     app = Flask(__name__, static_folder="static", static_url_path="/static")
     predictions = f"{server.inference_url()}/predictions/{model}"
 
@@ -56,6 +72,7 @@ def create_app(server: Server, model: str = "hunyuan-mt") -> Flask:
             demo_model=_demo_model(described),
             model=model,
             features=_features(described),
+            refine=refine_model is not None,
         )
 
     @app.post("/api/translate")
@@ -67,6 +84,23 @@ def create_app(server: Server, model: str = "hunyuan-mt") -> Flask:
                 error_type="invalid_request",
             ), 400
         return _forward(server, predictions, _with_default_stream(body))
+
+    @app.post("/api/refine")
+    def refine_translation() -> Any:
+        """Candidates from the translation model, refined by Chimera (:mod:`.refine`)."""
+        if refine_model is None:
+            return jsonify(
+                error="refinement is not enabled: start hymt web with --refine-model NAME",
+                error_type="not_found",
+            ), 404
+        body = _json_object()
+        if body is None:
+            return jsonify(
+                error="send a JSON object with the header 'Content-Type: application/json'",
+                error_type="invalid_request",
+            ), 400
+        status, answer = refine(body, _poster(server), model, refine_model)
+        return jsonify(answer), status
 
     return app
 
@@ -102,11 +136,9 @@ def _forward(server: Server, url: str, payload: dict[str, Any]) -> Any:
             timeout=(5, 600),
         )
     except requests.RequestException:
-        return jsonify(
-            error="the translation server cannot be reached", error_type="server_unavailable"
-        ), 502
+        return jsonify(UNREACHABLE), 502
     if not upstream.ok:
-        return _error_from(upstream)
+        return jsonify(_error_body(upstream)), upstream.status_code
     if streaming:
         return Response(_relay(upstream), status=upstream.status_code, mimetype=NDJSON)
     return Response(
@@ -116,6 +148,33 @@ def _forward(server: Server, url: str, payload: dict[str, Any]) -> Any:
     )
 
 
+def _poster(server: Server) -> Post:
+    """A call of one model's predictions (not streamed) that answers (status, JSON object)."""
+
+    def post(model: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        url = f"{server.inference_url()}/predictions/{model}"
+        try:
+            upstream = requests.post(
+                url,
+                data=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
+                headers={"Content-Type": JSON, **server.headers("inference")},
+                timeout=(5, 600),
+            )
+        except requests.RequestException:
+            return 502, UNREACHABLE
+        if not upstream.ok:
+            return upstream.status_code, _error_body(upstream)
+        try:
+            answer = upstream.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            return 502, {"error": f"{model} answered no JSON object", "error_type": "server_error"}
+        return 200, answer
+
+    return post
+
+
 def _relay(upstream: requests.Response) -> Iterator[bytes]:
     try:
         yield from upstream.iter_content(chunk_size=None)
@@ -123,9 +182,9 @@ def _relay(upstream: requests.Response) -> Iterator[bytes]:
         upstream.close()
 
 
-def _error_from(upstream: requests.Response) -> tuple[Any, int]:
+def _error_body(upstream: requests.Response) -> dict[str, Any]:
     """Our JSON errors pass through; TorchServe's own ({code, type, message}) and empty or
-    non-JSON bodies become ``{error, error_type}`` with the same status."""
+    non-JSON bodies become ``{error, error_type}`` (for the same status)."""
     status = upstream.status_code
     try:
         body = upstream.json()
@@ -134,12 +193,12 @@ def _error_from(upstream: requests.Response) -> tuple[Any, int]:
     finally:
         upstream.close()
     if isinstance(body, dict) and "error_type" in body:
-        return jsonify(body), status
+        return body
     message = body.get("message") if isinstance(body, dict) else None
-    return jsonify(
-        error=message or EMPTY_BODY_MESSAGES.get(status, f"HTTP {status}"),
-        error_type=TORCHSERVE_TYPES.get(status, "server_error"),
-    ), status
+    return {
+        "error": message or EMPTY_BODY_MESSAGES.get(status, f"HTTP {status}"),
+        "error_type": TORCHSERVE_TYPES.get(status, "server_error"),
+    }
 
 
 def _describe(server: Server, model: str) -> dict[str, Any]:
@@ -168,13 +227,13 @@ def _max_chars(described: dict[str, Any]) -> int:
 
 
 def _features(described: dict[str, Any]) -> list[str]:
-    """The request fields beyond the basics that the loaded model family supports (glossary,
-    context), from ``described``; none when unknown."""
+    """The request fields beyond the basics that the loaded model family supports and the page
+    offers (PAGE_FEATURES), from ``described``; none when unknown."""
     family = described.get("model_family")
     features = family.get("features") if isinstance(family, dict) else None
     if not isinstance(features, list):
         return []
-    return [name for name in features if name in ("glossary", "context")]
+    return [name for name in features if name in PAGE_FEATURES]
 
 
 def _demo_model(described: dict[str, Any]) -> bool:

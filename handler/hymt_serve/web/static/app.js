@@ -2,7 +2,12 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { maxChars: 0, busy: false, streamEvents: 0, demoModel: false, features: [] };
+const state = {
+  maxChars: 0, busy: false, streamEvents: 0, demoModel: false, features: [], refine: false,
+};
+// The option controls, by the request field each sets (shown when the model supports it).
+const OPTIONS = ["glossary", "context", "preserve_format", "style", "preferences", "delimiters",
+  "data_format"];
 window.hymt = state; // read by the browser tests
 
 const MESSAGES = {
@@ -67,10 +72,34 @@ function requestBody(text) {
     if (pairs === null) return null;
     if (pairs.length) body.glossary = pairs;
   }
-  if (state.features.includes("context") && $("context").value.trim()) {
-    body.context = $("context").value;
+  const has = (name) => state.features.includes(name);
+  if (has("context") && $("context").value.trim()) body.context = $("context").value;
+  if (has("preserve_format") && $("preserve_format").value) {
+    body.preserve_format = $("preserve_format").value;
   }
+  if (has("style") && $("style").value.trim()) body.style = $("style").value.trim();
+  if (has("preferences")) {
+    const lines = $("preferences").value.split("\n").map((l) => l.trim()).filter(Boolean);
+    if (lines.length) body.preferences = lines;
+  }
+  if (has("delimiters") && $("delimiters").checked) body.delimiters = true;
+  if (has("data_format") && $("data_format").value) body.data_format = $("data_format").value;
+  // Formatted text comes back whole (its tags become markup at the end): no stream then.
+  if (body.preserve_format) body.stream = false;
   return body;
+}
+
+function showCandidates(item) {
+  const list = $("candidates");
+  list.replaceChildren();
+  const candidates = item && Array.isArray(item.candidates) ? item.candidates : [];
+  for (const candidate of candidates) {
+    const entry = document.createElement("li");
+    entry.textContent = candidate;
+    entry.dir = "auto";
+    list.append(entry);
+  }
+  list.hidden = candidates.length === 0;
 }
 
 async function translate() {
@@ -82,12 +111,14 @@ async function translate() {
   showError("");
   $("output").textContent = "";
   $("stats").textContent = "";
+  showCandidates(null);
   state.busy = true;
   state.streamEvents = 0;
   $("translate").disabled = true;
   const started = performance.now();
+  const refine = state.refine && $("refine").checked;
   try {
-    const response = await fetch("/api/translate", {
+    const response = await fetch(refine ? "/api/refine" : "/api/translate", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify(body),
@@ -96,10 +127,21 @@ async function translate() {
       const reply = await response.json().catch(() => ({}));
       return showError(readableError(response.status, reply));
     }
-    const final = await readStream(response);
+    // A stream is newline-delimited JSON; a whole answer (refinement, formatted text) is JSON.
+    const whole = (response.headers.get("Content-Type") || "").startsWith("application/json");
+    const final = whole ? await response.json() : await readStream(response);
+    if (whole && typeof final.translation === "string") $("output").textContent = final.translation;
     const seconds = (performance.now() - started) / 1000;
-    const tokens = final && final.usage ? final.usage.output_tokens : 0;
-    $("stats").textContent = `${seconds.toFixed(2)} s · ${(tokens / seconds).toFixed(1)} tokens/s`;
+    const item = final && final.translations ? final.translations[0] : null;
+    const notes = [`${seconds.toFixed(2)} s`];
+    if (final && final.usage && !refine) {
+      notes.push(`${(final.usage.output_tokens / seconds).toFixed(1)} tokens/s`);
+    }
+    if (item && item.finish_reason === "length") notes.push("cut at the length limit");
+    if (item && item.format_tags_lost) notes.push(`${item.format_tags_lost} formatting lost`);
+    if (refine && item) notes.push(item.refined ? "refined by Chimera" : "candidates agreed");
+    $("stats").textContent = notes.join(" · ");
+    if (refine) showCandidates(item);
     if (final && final.error) showError(readableError(200, final));
   } catch (error) {
     showError(MESSAGES.server_unavailable);
@@ -169,9 +211,10 @@ async function init() {
   state.demoModel = config.demo_model === true;
   $("demo-notice").hidden = !state.demoModel;
   state.features = Array.isArray(config.features) ? config.features : [];
-  $("glossary-field").hidden = !state.features.includes("glossary");
-  $("context-field").hidden = !state.features.includes("context");
-  $("options").hidden = state.features.length === 0;
+  for (const name of OPTIONS) $(`${name}-field`).hidden = !state.features.includes(name);
+  $("options").hidden = !OPTIONS.some((name) => state.features.includes(name));
+  state.refine = config.refine === true;
+  $("refine-field").hidden = !state.refine;
   fillLanguages(config.languages);
   updateCount();
   $("input").addEventListener("input", updateCount);
