@@ -7,8 +7,12 @@ cd "$(dirname "$0")/.."
 . scripts/setup.sh web
 hymt tiny-model --out build/tiny-model
 hymt archive --model-path build/tiny-model --profile cpu
+# The same tiny model as a second model, Hunyuan-MT-Chimera's way: it refines candidates.
+hymt archive --model-path build/tiny-model --profile cpu --name hunyuan-mt-chimera \
+  --set handler.prompt_family=hunyuan-mt-chimera --set maxWorkers=1
 hymt stop --workdir run >/dev/null
-hymt start --workdir run
+hymt start --workdir run --model hunyuan-mt=hunyuan-mt.mar \
+  --model hunyuan-mt-chimera=hunyuan-mt-chimera.mar
 echo
 echo "== zh -> en =="
 hymt translate --workdir run "你好，世界。今天天气很好。" --to en
@@ -24,7 +28,8 @@ curl -sS -X POST http://127.0.0.1:8080/predictions/hunyuan-mt \
   -d '{"text": "Hello", "target_lang": "xx"}' -w '\nHTTP %{http_code}\n'
 # The web page: a small front end that holds the TorchServe key and streams translations.
 # (hymt stop above ended this work folder's previous one, through run/web.pid.)
-nohup hymt web --workdir run --port 8000 > run/web.log 2>&1 &
+# --refine-model: /api/refine (and the page's "Refine with Chimera") use the second model.
+nohup hymt web --workdir run --port 8000 --refine-model hunyuan-mt-chimera > run/web.log 2>&1 &
 cat <<'TXT'
 
 TorchServe is running (inference :8080, management :8081, metrics :8082, all on 127.0.0.1).

@@ -14,8 +14,10 @@ from hymt_serve.request.protocol import parse_request
 from hymt_serve.request.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
-# A curl to the predictions endpoint, then its -d '<json>' (the README's shell examples).
-CURL_BODY = re.compile(r"curl [^\n]*?/predictions/[^']*?-d '(\{[^']*\})'", re.DOTALL)
+# A curl to a model's predictions endpoint, then its -d '<json>' (the README's shell examples).
+CURL_BODY = re.compile(r"curl [^\n]*?/predictions/([\w-]+)[^']*?-d '(\{[^']*\})'", re.DOTALL)
+# The demo's models: the translation model (its configured family) and the Chimera model.
+DEMO_MODELS = {"hunyuan-mt": None, "hunyuan-mt-chimera": "hunyuan-mt-chimera"}
 
 
 def demo_settings() -> Settings:
@@ -23,14 +25,16 @@ def demo_settings() -> Settings:
     return Settings.from_mapping({**config["handler"], "model_path": "/unused"}, environ={})
 
 
-def readme_bodies() -> list[dict[str, Any]]:
-    return [json.loads(body) for body in CURL_BODY.findall((REPO / "README.md").read_text())]
+def readme_bodies() -> list[tuple[str, dict[str, Any]]]:
+    found = CURL_BODY.findall((REPO / "README.md").read_text())
+    return [(model, json.loads(body)) for model, body in found]
 
 
 def test_every_readme_request_example_is_accepted_by_the_demo_server() -> None:
     bodies = readme_bodies()
     assert len(bodies) >= 4  # the single, multi-text, sampling and streaming examples
     settings = demo_settings()
-    profile = detect_profile(settings.model_path, settings.prompt_family)
-    for body in bodies:
+    for model, body in bodies:
+        family = DEMO_MODELS[model] or settings.prompt_family
+        profile = detect_profile(settings.model_path, family)
         parse_request(body, settings, profile)  # raises InvalidRequest / PayloadTooLarge
