@@ -10,11 +10,13 @@ settings, and two with wider sampling. Per text, candidates cut by ``max_new_tok
 out (unless all are), and duplicates (ignoring surrounding and repeated whitespace) are merged,
 keeping the first. When every candidate agrees there is nothing to choose between: that text is
 answered without a Chimera call (``"refined": false``). A request can instead bring its own
-``candidates`` (1 to 6 per text): they go to Chimera as they are.
+``candidates`` (1 to 6 per text): they go to Chimera as they are. The answer's ``timing_ms``
+says how long each phase took (``candidates``, ``refine``: the Chimera call, 0 when none).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -66,11 +68,13 @@ def _refine(body: dict[str, Any], post: Post, translator: str, refiner: str) -> 
             },
         )
     fields = {k: v for k, v in body.items() if k in REFINE_FIELDS}
+    clock = _Clock()
     if "candidates" in body:  # the client's own: Chimera checks and refines them as they are
         answer = _post(post, refiner, {**fields, "stream": False})
         items = [{**item, "refined": True} for item in answer["translations"]]
-        return _response(body, items, {}, answer["usage"])
+        return _response(body, items, {}, answer["usage"], {"refine": clock.lap()})
     per_text, candidate_usage = _candidates(body, post, translator)
+    timing = {"candidates": clock.lap()}
     unique = [_distinct(candidates) for candidates in per_text]
     texts = [body["text"]] if isinstance(body["text"], str) else body["text"]
     to_refine = [i for i, candidates in enumerate(unique) if len(candidates) > 1]
@@ -86,13 +90,25 @@ def _refine(body: dict[str, Any], post: Post, translator: str, refiner: str) -> 
         answer = _post(post, refiner, request)
         refined = dict(zip(to_refine, answer["translations"], strict=True))
         usage = answer["usage"]
+    timing["refine"] = clock.lap()
     items = [
         {**refined[i], "refined": True}
         if i in refined
         else {"text": unique[i][0], "candidates": unique[i], "refined": False}
         for i in range(len(texts))
     ]
-    return _response(body, items, candidate_usage, usage)
+    return _response(body, items, candidate_usage, usage, timing)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+
+    def lap(self) -> float:
+        """Milliseconds since the last lap (or the start)."""
+        now = time.perf_counter()
+        elapsed, self.last = now - self.last, now
+        return round(elapsed * 1000, 1)
 
 
 def _post(post: Post, model: str, request: dict[str, Any]) -> dict[str, Any]:
@@ -107,6 +123,7 @@ def _response(
     items: list[dict[str, Any]],
     candidate_usage: dict[str, int],
     refine_usage: dict[str, int],
+    timing_ms: dict[str, float],
 ) -> dict[str, Any]:
     response: dict[str, Any] = {}
     if isinstance(body.get("text"), str):
@@ -116,6 +133,7 @@ def _response(
         source_lang=body.get("source_lang", body.get("src_lang")),
         target_lang=body.get("target_lang", body.get("tgt_lang")),
         usage={"candidates": candidate_usage, "refine": refine_usage},
+        timing_ms=timing_ms,
     )
     return response
 
