@@ -82,6 +82,13 @@ def main() -> None:
         "--users", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32]
     )
     parser.add_argument("--duration", type=float, default=12.0)
+    parser.add_argument(
+        "--systems",
+        type=lambda s: s.split(","),
+        default=["plain", "refine"],
+        help="plain (translation model), refine (/api/refine), chimera (the Chimera model alone, "
+        "given six candidates)",
+    )
     parser.add_argument("--cap", type=int, default=128, help="longest output (tokens)")
     parser.add_argument("--web-port", type=int, default=8090)
     parser.add_argument("--work", type=Path, default=Path("/tmp/hymt-refine-work"))
@@ -99,7 +106,7 @@ def main() -> None:
         plain_url = f"{server.inference_url()}/predictions/{TRANSLATOR}"
         refine_url = f"http://127.0.0.1:{args.web_port}/api/refine"
 
-        def maker(url: str, headers: dict[str, str]) -> Any:
+        def maker(url: str, headers: dict[str, str], candidates: bool = False) -> Any:
             def make_job(rng: random.Random) -> Job:
                 row, n = rng.choice(jobs)
                 body = {
@@ -108,35 +115,41 @@ def main() -> None:
                     "target_lang": row["target_lang"],
                     "max_new_tokens": n,
                 }
+                if candidates:  # six distinct stand-ins about as long as real candidates
+                    body["candidates"] = [f"{row['text']} ({i})" for i in range(1, 7)]
                 return url, body, headers, n
 
             return make_job
 
         plain = maker(plain_url, server.headers("inference"))
         refine = maker(refine_url, {})
+        chimera_url = f"{server.inference_url()}/predictions/{CHIMERA}"
+        chimera = maker(chimera_url, server.headers("inference"), candidates=True)
+        systems = {"plain": plain, "refine": refine, "chimera": chimera}
         _wait_until_answered(refine(random.Random(0)))
         ready_s = round(time.monotonic() - started, 1)
         phases = _phase_split(refine, 12)
-        rows: list[dict[str, Any]] = []
+        print(json.dumps({"phases_ms": phases}), flush=True)
+        result = {
+            "gpu": _gpu_name(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "command": " ".join(["python", *sys.argv]),
+            "ready_s": ready_s,
+            "duration_s": args.duration,
+            "segments": len(jobs),
+            "phases_ms": phases,
+            "rows": [],
+        }
         for users in args.users:
-            for kind, make_job in (("plain", plain), ("refine", refine)):
+            for kind in args.systems:
+                make_job = systems[kind]
                 labels = {"system": kind, "mode": kind, "gpus": 1}
-                rows += measure_levels(labels, make_job, [users], args.duration, sampler)
+                result["rows"] += measure_levels(labels, make_job, [users], args.duration, sampler)
+            write_report(args.out, result)  # after each level: a cut-short run keeps its rows
     finally:
         stop_web(server)
         web.wait(30)
         stop(server)
-    result = {
-        "gpu": _gpu_name(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "ready_s": ready_s,
-        "duration_s": args.duration,
-        "segments": len(jobs),
-        "phases_ms": phases,
-        "rows": rows,
-    }
-    write_report(args.out, result)
 
 
 def _wait_until_answered(job: Job, timeout: float = 600) -> None:
@@ -186,7 +199,7 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
         "refine p50 ms | refine/plain p50 | plain p95 ms | refine p95 ms | errors |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for users in sorted({users for _, users in by}):
+    for users in sorted({u for mode, u in by if mode == "refine" and ("plain", u) in by}):
         plain, refined = by[("plain", users)], by[("refine", users)]
         lines.append(
             f"| {users} | {plain['requests_per_s']} | {refined['requests_per_s']} | "
@@ -195,6 +208,20 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
             f"{plain['p95_ms']} | {refined['p95_ms']} | "
             f"{plain['errors'] + refined['errors']} |"
         )
+    chimera = [r for r in result["rows"] if r["mode"] == "chimera"]
+    if chimera:
+        lines += [
+            "",
+            "The Chimera model alone (six given candidates per request):",
+            "",
+            "| users | req/s | p50 ms | p95 ms | errors |",
+            "| ---: | ---: | ---: | ---: | ---: |",
+        ]
+        lines += [
+            f"| {r['users']} | {r['requests_per_s']} | {r['p50_ms']} | {r['p95_ms']} | "
+            f"{r['errors']} |"
+            for r in chimera
+        ]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     plot(out, result["rows"])
 
@@ -210,7 +237,7 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for index, mode in enumerate(("plain", "refine")):
+    for index, mode in enumerate(("plain", "refine", "chimera")):
         mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["users"])
         users = [r["users"] for r in mine]
         left.plot(users, [r["requests_per_s"] for r in mine], marker="o", color=f"C{index}",

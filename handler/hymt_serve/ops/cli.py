@@ -196,7 +196,7 @@ def _cmd_web(args: argparse.Namespace) -> int:
     print(f"translation page on http://{args.host}:{args.port}/ (TorchServe key stays here)")
     try:
         app = create_app(server, args.model, refine_model=args.refine_model)
-        serve(app, host=args.host, port=args.port, threads=8)
+        serve(app, host=args.host, port=args.port, threads=args.threads)
     finally:
         server.web_pid_path.unlink(missing_ok=True)
     return 0
@@ -308,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument(
         "--refine-model",
         help="name of a Hunyuan-MT-Chimera model on the same TorchServe: enables /api/refine",
+    )
+    web.add_argument(
+        "--threads",
+        type=int,
+        default=64,
+        help="requests served at once (each mostly waits on TorchServe; a refinement holds one "
+        "for its whole time)",
     )
     translate = sub.choices["translate"]
     translate.add_argument("text")
