@@ -145,6 +145,48 @@ def test_formatted_text_is_sent_whole_and_comes_back_without_tags(page: Any) -> 
     assert "<s1>" not in page.inner_text("#output") and page.is_hidden("#error")
 
 
+def test_hy_mt2_options_fill_the_request(browser: Any, page_url: str) -> None:
+    """A Hy-MT2 model (its features given by /api/config, answered here by the test): the page
+    shows its options and puts each one the user sets into the request."""
+    context = browser.new_context(viewport={"width": 1100, "height": 800})
+    page = context.new_page()
+    config = requests.get(f"{page_url}api/config", timeout=10).json()
+    config["features"] = [
+        "glossary",
+        "context",
+        "style",
+        "preferences",
+        "delimiters",
+        "data_format",
+    ]
+    page.route("**/api/config", lambda route: route.fulfill(json=config))
+    sent: list[dict[str, Any]] = []
+
+    def answer(route: Any) -> None:
+        sent.append(json.loads(route.request.post_data))
+        route.fulfill(json={"translation": "ok", "translations": [{"text": "ok"}]})
+
+    page.route("**/api/translate", answer)
+    page.goto(page_url)
+    page.wait_for_function("window.hymt && window.hymt.ready === true")
+    page.click("#options summary")
+    for name in ("style", "preferences", "delimiters", "data_format"):
+        assert page.is_visible(f"#{name}-field"), name
+    assert page.is_hidden("#preserve_format-field")
+    page.fill("#input", "See you at the meeting.")
+    page.fill("#style", " formal ")
+    page.fill("#preferences", "Keep names in English\n\n Use metric units ")
+    page.check("#delimiters")
+    page.select_option("#data_format", "json")
+    page.click("#translate")
+    page.wait_for_function("document.getElementById('output').textContent === 'ok'")
+    [body] = sent
+    assert body["style"] == "formal" and body["delimiters"] is True
+    assert body["preferences"] == ["Keep names in English", "Use metric units"]
+    assert body["data_format"] == "json" and "preserve_format" not in body
+    context.close()
+
+
 def test_ctrl_enter_translates_and_swap_exchanges_the_languages(page: Any) -> None:
     page.select_option("#source", "zh")
     page.select_option("#target", "ja")
