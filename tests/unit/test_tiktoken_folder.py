@@ -127,3 +127,22 @@ def test_a_tiny_model_in_that_shape_serves(tmp_path: Path) -> None:
         assert 1 <= result.output_tokens <= 4
     finally:
         engine.close()
+
+
+def test_a_tokenizer_json_beside_a_remote_code_config_loads_without_it(tmp_path: Path) -> None:
+    """Some repositories ship tokenizer.json and still name HYTokenizer with an auto_map:
+    transformers would ask to run that code; the folder loads as a plain fast tokenizer."""
+    fallback = build_fallback_tokenizer()
+    fallback.save_pretrained(tmp_path)
+    config_path = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "HYTokenizer"
+    config["auto_map"] = {"AutoTokenizer": ["tokenization_hy.HYTokenizer", None]}
+    config_path.write_text(json.dumps(config))
+    (tmp_path / "tokenization_hy.py").write_text("raise RuntimeError('remote code ran')\n")
+    tokenizer = read_tokenizer(tmp_path)
+    assert tokenizer("Hello")["input_ids"] == fallback("Hello")["input_ids"]
+    assert tokenizer.chat_template == fallback.chat_template
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(ConfigurationError, match=r"neither tokenizer\.json nor hy\.tiktoken"):
+        read_tokenizer(tmp_path)

@@ -12,9 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hymt_serve.engine.tiktoken_folder import has_tiktoken_only, load_tiktoken_folder
+from hymt_serve.engine.tiktoken_folder import (
+    has_tiktoken_only,
+    load_tiktoken_folder,
+    names_remote_tokenizer,
+)
 from hymt_serve.engine.types import FinishReason, GenerationResult
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.settings import Settings
@@ -36,9 +40,17 @@ def load_tokenizer(settings: Settings) -> Any:
 
 def read_tokenizer(folder: Path) -> Any:
     """A folder's tokenizer, never running remote code: ``tokenizer.json`` through
-    transformers, or a ``hy.tiktoken``-only folder converted (:mod:`.tiktoken_folder`)."""
+    transformers (as a plain fast tokenizer where the config names remote code for it), or a
+    ``hy.tiktoken``-only folder converted (:mod:`.tiktoken_folder`)."""
     if has_tiktoken_only(folder):
         return load_tiktoken_folder(folder)
+    if names_remote_tokenizer(folder):
+        if not (folder / "tokenizer.json").is_file():
+            raise ConfigurationError(
+                f"the tokenizer in {folder} needs remote code, and the folder has neither "
+                "tokenizer.json nor hy.tiktoken to load it from without that code"
+            )
+        return PreTrainedTokenizerFast.from_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
 
 

@@ -44,6 +44,15 @@ def has_tiktoken_only(folder: Path) -> bool:
     return (folder / RANKS_FILE).is_file() and not (folder / "tokenizer.json").is_file()
 
 
+def names_remote_tokenizer(folder: Path) -> bool:
+    """Whether the folder's ``tokenizer_config.json`` maps AutoTokenizer to remote code."""
+    try:
+        auto_map = _tokenizer_config(folder).get("auto_map")
+    except ConfigurationError:
+        return False  # the loader that reads it reports what is wrong
+    return isinstance(auto_map, dict) and "AutoTokenizer" in auto_map
+
+
 def read_ranks(path: Path) -> dict[bytes, int]:
     """The BPE ranks of a ``hy.tiktoken`` file, numbered as the remote code numbers them."""
     ranks: dict[bytes, int] = {}

@@ -154,6 +154,7 @@ class TranslationService:
             ids = self.engine.encode_prompt(prompt)
             if len(ids) > self.settings.max_input_tokens:
                 where = "text" if request.single else f"text[{index}]"
+                where += " with its candidates" if candidates else ""
                 raise PayloadTooLarge(
                     f"{where} makes a prompt of {len(ids)} tokens",
                     allowed=f"at most {self.settings.max_input_tokens} prompt tokens per text",
