@@ -102,6 +102,7 @@ def test_glossary_and_context_go_with_the_request(page: Any) -> None:
     """The demo runs the HY-MT1.5 family: the page offers its glossary and context and sends
     them; a glossary line that is not "term = translation" is refused before any request."""
     assert page.is_visible("#options")
+    assert page.inner_text("#model") == "hunyuan-mt · HY-MT1.5"
     page.click("#options summary")
     page.fill("#input", "Hunyuan runs on a GPU.")
     page.fill("#glossary", "Hunyuan = 混元\n\n GPU=图形处理器 ")

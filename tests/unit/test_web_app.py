@@ -309,7 +309,10 @@ def test_config_lists_the_model_familys_features(
         metadata["model_family"] = family
     described[0]["customizedMetadata"] = json.dumps(metadata)
     upstream.reply(DESCRIBE, described)
-    assert client.get("/api/config").get_json()["features"] == features
+    config = client.get("/api/config").get_json()
+    assert config["features"] == features
+    expected = family.get("model_family") if isinstance(family, dict) else None
+    assert config["family"] == expected
 
 
 @pytest.mark.parametrize(

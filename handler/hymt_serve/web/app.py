@@ -71,6 +71,7 @@ def create_app(server: Server, model: str = "hunyuan-mt", refine_model: str | No
             max_chars=_max_chars(described),
             demo_model=_demo_model(described),
             model=model,
+            family=_family(described),
             features=_features(described),
             refine=refine_model is not None,
         )
@@ -224,6 +225,13 @@ def _max_chars(described: dict[str, Any]) -> int:
         return int(described["settings"]["max_chars_per_text"])
     except (KeyError, TypeError, ValueError):
         return DEFAULT_MAX_CHARS
+
+
+def _family(described: dict[str, Any]) -> str | None:
+    """The loaded model family's name ("HY-MT1.5", ...) from ``described``; None when unknown."""
+    family = described.get("model_family")
+    title = family.get("model_family") if isinstance(family, dict) else None
+    return title if isinstance(title, str) else None
 
 
 def _features(described: dict[str, Any]) -> list[str]:

@@ -207,7 +207,7 @@ async function copyOutput() {
 async function init() {
   const config = await fetch("/api/config").then((r) => r.json());
   state.maxChars = config.max_chars;
-  $("model").textContent = config.model;
+  $("model").textContent = config.family ? `${config.model} · ${config.family}` : config.model;
   state.demoModel = config.demo_model === true;
   $("demo-notice").hidden = !state.demoModel;
   state.features = Array.isArray(config.features) ? config.features : [];
