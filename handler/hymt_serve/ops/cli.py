@@ -188,14 +188,20 @@ def _cmd_web(args: argparse.Namespace) -> int:
     from waitress import serve
 
     from hymt_serve.web.app import create_app
+    from hymt_serve.web.keys import KEYS_FILE, ClientKeys
 
     server = _server(args.workdir)
     server.workdir.mkdir(parents=True, exist_ok=True)
+    key_file = args.client_keys or server.workdir / KEYS_FILE
+    client_keys = ClientKeys.open(key_file, args.character_limit)
     server.web_pid_path.write_text(f"{os.getpid()}\n")  # for hymt stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"translation page on http://{args.host}:{args.port}/ (TorchServe key stays here)")
+    print(f"LibreTranslate and DeepL compatible APIs there too, keys in {key_file}")
     try:
-        app = create_app(server, args.model, refine_model=args.refine_model)
+        app = create_app(
+            server, args.model, refine_model=args.refine_model, client_keys=client_keys
+        )
         serve(app, host=args.host, port=args.port, threads=args.threads)
     finally:
         server.web_pid_path.unlink(missing_ok=True)
@@ -308,6 +314,18 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument(
         "--refine-model",
         help="name of a Hunyuan-MT-Chimera model on the same TorchServe: enables /api/refine",
+    )
+    web.add_argument(
+        "--client-keys",
+        type=Path,
+        help="key file of the LibreTranslate/DeepL compatible APIs (default: "
+        "WORKDIR/web_keys.json, created with one key when missing)",
+    )
+    web.add_argument(
+        "--character-limit",
+        type=int,
+        default=1_000_000,
+        help="characters the key of a newly created key file may have translated",
     )
     web.add_argument(
         "--threads",

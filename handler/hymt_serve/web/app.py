@@ -18,9 +18,12 @@ from flask import Flask, Response, jsonify, request
 
 from hymt_serve.ops.launcher import Server
 from hymt_serve.request.languages import LANGUAGES
+from hymt_serve.web.compat import add_compat_routes
+from hymt_serve.web.keys import ClientKeys
 from hymt_serve.web.refine import Post, refine
 
 DEFAULT_MAX_CHARS = 4000
+DEFAULT_MAX_TEXTS = 16
 JSON, NDJSON = "application/json", "application/x-ndjson"
 TORCHSERVE_TYPES = {400: "invalid_request", 413: "payload_too_large", 503: "server_busy"}
 # The family features the page has controls for.
@@ -44,11 +47,29 @@ EMPTY_BODY_MESSAGES = {
 }
 
 
-def create_app(server: Server, model: str = "hunyuan-mt", refine_model: str | None = None) -> Flask:
+def create_app(
+    server: Server,
+    model: str = "hunyuan-mt",
+    refine_model: str | None = None,
+    client_keys: ClientKeys | None = None,
+) -> Flask:
     """The Flask app for the page of TorchServe ``server`` serving ``model`` (and, for
-    ``/api/refine``, the Hunyuan-MT-Chimera model named ``refine_model``)."""
+    ``/api/refine``, the Hunyuan-MT-Chimera model named ``refine_model``); with
+    ``client_keys``, also the LibreTranslate and DeepL compatible APIs (:mod:`.compat`)."""
     app = Flask(__name__, static_folder="static", static_url_path="/static")
     predictions = f"{server.inference_url()}/predictions/{model}"
+    if client_keys is not None:
+        known: dict[str, int] = {}
+
+        def max_texts() -> int:
+            """The handler's texts per request (read once it answers; 16 until then)."""
+            if "max_texts" not in known:
+                settings = _describe(server, model).get("settings")
+                if isinstance(settings, dict) and "max_texts_per_request" in settings:
+                    known["max_texts"] = int(settings["max_texts_per_request"])
+            return known.get("max_texts", DEFAULT_MAX_TEXTS)
+
+        add_compat_routes(app, _poster(server), model, client_keys, max_texts)
 
     @app.get("/")
     def page() -> Any:

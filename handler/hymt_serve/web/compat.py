@@ -1,0 +1,274 @@
+"""The LibreTranslate and DeepL (v2) APIs on the web front end, mapped onto our request API, so
+that tools written for those servers translate with Hunyuan-MT unchanged.
+
+- LibreTranslate: ``POST /translate`` (``q`` a string or a list, ``source`` a code or
+  ``auto``, ``target``, ``format`` text or html, ``api_key``), ``GET /languages``; errors as
+  ``{"error": "..."}``.
+- DeepL v2: ``POST /v2/translate`` (``text`` list, ``target_lang``, ``source_lang``,
+  ``tag_handling``, ``context``; ``Authorization: DeepL-Auth-Key ...``), ``GET /v2/languages``,
+  ``GET /v2/usage``; regional codes mapped (``EN-US``, ``PT-BR``, ``ZH-HANT``, ...); errors as
+  ``{"message": "..."}`` with DeepL's statuses (403 key, 456 quota).
+
+Both take form or JSON bodies and this front end's own keys (:mod:`.keys`). HTML
+(``format: html``, ``tag_handling``) is our ``preserve_format: "html"``, for the model families
+that have it. There is no language detection: with ``auto`` / no ``source_lang`` the model
+translates whatever it gets, and DeepL's ``detected_source_language`` is empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from flask import Flask, jsonify, request
+
+from hymt_serve.request.languages import LANGUAGES, Language, lookup
+from hymt_serve.web.keys import ClientKey, ClientKeys
+from hymt_serve.web.refine import Post
+
+# LibreTranslate's code for traditional Chinese.
+LIBRE_ALIASES = {"zt": "zh-Hant"}
+# DeepL's regional codes: target variants the model does not tell apart, and Chinese scripts.
+DEEPL_TARGETS = {
+    "EN-GB": ("en", "English (British)"),
+    "EN-US": ("en", "English (American)"),
+    "PT-BR": ("pt", "Portuguese (Brazilian)"),
+    "PT-PT": ("pt", "Portuguese (European)"),
+    "ZH-HANS": ("zh", "Chinese (simplified)"),
+    "ZH-HANT": ("zh-Hant", "Chinese (traditional)"),
+}
+DEEPL_IGNORED = (  # DeepL options that change nothing here
+    "show_billed_characters",
+    "split_sentences",
+    "preserve_formatting",
+    "outline_detection",
+    "model_type",
+    "non_splitting_tags",
+    "splitting_tags",
+    "ignore_tags",
+    "tag_handling_version",
+)
+DEEPL_UNSUPPORTED = ("glossary_id", "glossary_ids", "style_id", "translation_memory_id")
+STATUS_BY_TYPE = {"payload_too_large": 413, "server_busy": 503, "server_unavailable": 502}
+
+
+class CompatError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def add_compat_routes(
+    app: Flask, post: Post, model: str, keys: ClientKeys, max_texts: Callable[[], int]
+) -> None:
+    """LibreTranslate's and DeepL's routes on ``app``, translating with ``model``."""
+
+    def translate(
+        key: ClientKey, texts: list[str], fields: dict[str, Any], over_quota: CompatError
+    ) -> list[str]:
+        characters = sum(len(text) for text in texts)
+        if not keys.reserve(key, characters):
+            raise over_quota
+        try:
+            return _translate(post, model, texts, fields, max_texts())
+        except CompatError:
+            keys.refund(key, characters)
+            raise
+
+    @app.post("/translate")
+    def libre_translate() -> Any:
+        try:
+            params = _params()
+            key = keys.find(_text_param(params, "api_key"))
+            if key is None:
+                raise CompatError(403, "Invalid API key")
+            q = params.get("q")
+            texts = _texts(q, "Invalid request: missing q parameter")
+            fields = _libre_languages(params)
+            format_ = _text_param(params, "format") or "text"
+            if format_ not in ("text", "html"):
+                raise CompatError(400, f"{format_} format is not supported")
+            if format_ == "html":
+                fields["preserve_format"] = "html"
+            quota = CompatError(429, "Character limit of this API key reached")
+            out = translate(key, texts, fields, quota)
+        except CompatError as error:
+            return jsonify(error=error.message), error.status
+        return jsonify(translatedText=out[0] if isinstance(q, str) else out)
+
+    @app.get("/languages")
+    def libre_languages() -> Any:
+        codes = [lang.code for lang in LANGUAGES.values()]
+        return jsonify(
+            [
+                {"code": lang.code, "name": lang.english, "targets": codes}
+                for lang in LANGUAGES.values()
+            ]
+        )
+
+    def deepl_key() -> ClientKey:
+        header = request.headers.get("Authorization", "")
+        offered = (
+            header.removeprefix("DeepL-Auth-Key ") if header.startswith("DeepL-Auth-Key ") else None
+        )
+        key = keys.find(offered or _text_param(_params(), "auth_key"))
+        if key is None:
+            raise CompatError(403, "Authorization failure, check auth_key")
+        return key
+
+    @app.post("/v2/translate")
+    def deepl_translate() -> Any:
+        try:
+            key = deepl_key()
+            params = _params()
+            texts = _texts(params.get("text"), "Parameter 'text' not specified.")
+            fields, source = _deepl_fields(params)
+            out = translate(key, texts, fields, CompatError(456, "Quota Exceeded"))
+        except CompatError as error:
+            return jsonify(message=error.message), error.status
+        detected = source or ""
+        return jsonify(
+            translations=[
+                {"detected_source_language": detected, "text": text, "billed_characters": len(src)}
+                for text, src in zip(out, texts, strict=True)
+            ]
+        )
+
+    @app.route("/v2/languages", methods=["GET", "POST"])
+    def deepl_languages() -> Any:
+        try:
+            deepl_key()
+        except CompatError as error:
+            return jsonify(message=error.message), error.status
+        kind = _text_param(_params(), "type") or "source"
+        if kind not in ("source", "target"):
+            return jsonify(message="Value for 'type' not supported."), 400
+        return jsonify(_deepl_language_list(kind))
+
+    @app.route("/v2/usage", methods=["GET", "POST"])
+    def deepl_usage() -> Any:
+        try:
+            key = deepl_key()
+        except CompatError as error:
+            return jsonify(message=error.message), error.status
+        return jsonify(character_count=keys.used(key), character_limit=key.character_limit)
+
+
+def _params() -> dict[str, Any]:
+    """The request's parameters: a JSON object, or form and query fields (lists kept)."""
+    if request.is_json:
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):
+            raise CompatError(400, "the body is not a JSON object")
+        return body
+    params: dict[str, Any] = {}
+    for source in (request.args, request.form):
+        for name in source:
+            values = source.getlist(name)
+            params[name] = values if name == "text" or len(values) > 1 else values[0]
+    return params
+
+
+def _texts(value: Any, missing: str) -> list[str]:
+    """A string or a non-empty list of strings, as a list; CompatError(400, missing) else."""
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise CompatError(400, missing)
+    return texts
+
+
+def _text_param(params: dict[str, Any], name: str) -> str | None:
+    value = params.get(name)
+    return value if isinstance(value, str) else None
+
+
+def _libre_languages(params: dict[str, Any]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for name, ours in (("source", "source_lang"), ("target", "target_lang")):
+        code = _text_param(params, name)
+        if code is None:
+            raise CompatError(400, f"Invalid request: missing {name} parameter")
+        if name == "source" and code == "auto":
+            continue
+        language = lookup(LIBRE_ALIASES.get(code, code))
+        if language is None:
+            raise CompatError(400, f"{code} is not supported")
+        fields[ours] = language.code
+    return fields
+
+
+def _deepl_fields(params: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Our request fields for DeepL's parameters, and the source code DeepL would report."""
+    for name in DEEPL_UNSUPPORTED:
+        if name in params:
+            raise CompatError(400, f"Parameter '{name}' is not supported by this server.")
+    formality = _text_param(params, "formality") or "default"
+    if formality not in ("default", "prefer_more", "prefer_less"):
+        raise CompatError(400, "Value for 'formality' not supported.")
+    target = _deepl_language(_text_param(params, "target_lang"), "target_lang")
+    if target is None:
+        raise CompatError(400, "Value for 'target_lang' not supported.")
+    fields: dict[str, Any] = {"target_lang": target.code}
+    source_code = _text_param(params, "source_lang")
+    if source_code:
+        source = _deepl_language(source_code, "source_lang")
+        if source is None:
+            raise CompatError(400, "Value for 'source_lang' not supported.")
+        fields["source_lang"] = source.code
+    tags = _text_param(params, "tag_handling")
+    if tags is not None:
+        if tags not in ("html", "xml"):
+            raise CompatError(400, "Value for 'tag_handling' not supported.")
+        fields["preserve_format"] = "html"
+    context = _text_param(params, "context")
+    if context:
+        fields["context"] = context
+    return fields, source_code.upper() if source_code else None
+
+
+def _deepl_language(code: str | None, name: str) -> Language | None:
+    if not code:
+        raise CompatError(400, f"Parameter '{name}' not specified.")
+    upper = code.upper()
+    if upper in DEEPL_TARGETS:
+        return LANGUAGES[DEEPL_TARGETS[upper][0]]
+    return lookup(code)
+
+
+def _deepl_language_list(kind: str) -> list[dict[str, Any]]:
+    if kind == "source":
+        return [
+            {"language": lang.code.upper(), "name": lang.english}
+            for lang in LANGUAGES.values()
+            if lang.code != "zh-Hant"  # a source is ZH whatever its script
+        ]
+    variants = {ours for ours, _ in DEEPL_TARGETS.values()}
+    listed = [
+        {"language": code, "name": name, "supports_formality": False}
+        for code, (_, name) in DEEPL_TARGETS.items()
+    ]
+    listed += [
+        {"language": lang.code.upper(), "name": lang.english, "supports_formality": False}
+        for lang in LANGUAGES.values()
+        if lang.code not in variants
+    ]
+    return listed
+
+
+def _translate(
+    post: Post, model: str, texts: Sequence[str], fields: dict[str, Any], max_texts: int
+) -> list[str]:
+    """The translations of ``texts`` from our API, in requests of at most ``max_texts``."""
+    chunks = [list(texts[i : i + max_texts]) for i in range(0, len(texts), max_texts)]
+    bodies = [{**fields, "text": chunk, "stream": False} for chunk in chunks]
+    with ThreadPoolExecutor(max_workers=min(len(bodies), 8)) as pool:
+        answers = list(pool.map(lambda body: post(model, body), bodies))
+    out: list[str] = []
+    for status, answer in answers:
+        if status != 200:
+            message = str(answer.get("error") or f"HTTP {status}")
+            kind = answer.get("error_type", "")
+            raise CompatError(STATUS_BY_TYPE.get(kind, status if status < 500 else 500), message)
+        out += [item["text"] for item in answer["translations"]]
+    return out

@@ -1,0 +1,138 @@
+"""The LibreTranslate and DeepL compatible APIs of the web front end, driven by the official
+client libraries (libretranslatepy, deepl) against the real stack (TorchServe + front end)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import deepl
+import pytest
+import requests
+from conftest import free_ports
+from libretranslatepy import LibreTranslateAPI
+from werkzeug.serving import make_server
+
+from hymt_serve.ops.launcher import Server
+from hymt_serve.web.app import create_app
+from hymt_serve.web.keys import USAGE_FILE, ClientKeys
+
+pytestmark = pytest.mark.integration
+LIMIT = 400
+
+
+@pytest.fixture(scope="module")
+def front(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """The front end with a fresh key file: (its URL, its key)."""
+    key_file = tmp_path_factory.mktemp("keys") / "web_keys.json"
+    keys = ClientKeys.open(key_file, character_limit=LIMIT)
+    [port] = free_ports(1)
+    web = make_server("127.0.0.1", port, create_app(server, client_keys=keys), threaded=True)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{port}/", keys.keys[0].key
+    web.shutdown()
+
+
+def test_the_key_file_is_private_and_not_torchserves(server: Server, tmp_path: Path) -> None:
+    keys = ClientKeys.open(tmp_path / "web_keys.json")
+    assert (tmp_path / "web_keys.json").stat().st_mode & 0o777 == 0o600
+    assert keys.keys[0].key not in json.dumps(server.keys())
+    assert ClientKeys.open(tmp_path / "web_keys.json").keys == keys.keys  # read, not replaced
+
+
+def test_libretranslate_client(front: tuple[str, str]) -> None:
+    url, key = front
+    client = LibreTranslateAPI(url, api_key=key)
+    assert isinstance(client.translate("Good morning.", "en", "fr"), str)
+    assert isinstance(client.translate("早上好。", "auto", "zt"), str)  # zt: traditional Chinese
+    codes = {lang["code"] for lang in client.languages()}
+    assert {"en", "zh", "zh-Hant", "yue"} <= codes and len(codes) == 38
+    listed = requests.post(
+        f"{url}translate", json={"q": ["a", "b"], "source": "en", "target": "de", "api_key": key}
+    )
+    assert listed.status_code == 200 and len(listed.json()["translatedText"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "key", "status", "message"),
+    [
+        ("en", "fr", "wrong-key-of-some-length", 403, "Invalid API key"),
+        ("en", "xx", None, 400, "xx is not supported"),
+        ("en", "en", None, 400, "both 'en'"),
+    ],
+)
+def test_libretranslate_errors(
+    front: tuple[str, str], source: str, target: str, key: str | None, status: int, message: str
+) -> None:
+    url, good = front
+    client = LibreTranslateAPI(url, api_key=key or good)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        client.translate("Hello", source, target)
+    assert refused.value.code == status
+    assert message in json.loads(refused.value.read())["error"]
+
+
+def test_deepl_client(front: tuple[str, str]) -> None:
+    url, key = front
+    translator = deepl.Translator(key, server_url=url)
+    one = translator.translate_text("Good morning.", source_lang="EN", target_lang="DE")
+    assert isinstance(one.text, str) and one.detected_source_lang == "EN"
+    assert one.billed_characters == len("Good morning.")
+    several = translator.translate_text(["你好", "谢谢"], target_lang="EN-US")
+    assert len(several) == 2 and several[0].detected_source_lang == ""
+    targets = {lang.code for lang in translator.get_target_languages()}
+    assert {"EN-US", "EN-GB", "PT-BR", "ZH-HANT", "JA"} <= targets
+    sources = {lang.code for lang in translator.get_source_languages()}
+    assert {"EN", "ZH", "PT"} <= sources and "ZH-HANT" not in sources
+    usage = translator.get_usage()
+    assert usage.character.limit == LIMIT and usage.character.count >= len("Good morning.")
+
+
+def test_deepl_errors_and_quota(front: tuple[str, str], server: Server) -> None:
+    url, key = front
+    with pytest.raises(deepl.AuthorizationException):
+        deepl.Translator("not-a-key-of-this-server", server_url=url).get_usage()
+    translator = deepl.Translator(key, server_url=url)
+    with pytest.raises(deepl.DeepLException, match="'target_lang' not supported"):
+        translator.translate_text("Hello", target_lang="XX")
+    with pytest.raises(deepl.DeepLException, match="glossary_id"):
+        translator.translate_text(
+            "Hello", target_lang="DE", extra_body_parameters={"glossary_id": "g"}
+        )
+    before = translator.get_usage().character.count
+    with pytest.raises(deepl.QuotaExceededException):
+        translator.translate_text("x" * LIMIT, target_lang="DE")
+    assert translator.get_usage().character.count == before  # refused whole, nothing counted
+
+
+def test_html_keeps_its_tags(front: tuple[str, str]) -> None:
+    url, key = front
+    answer = requests.post(
+        f"{url}translate",
+        data={"q": "Press <b>Save</b> now.", "source": "en", "target": "zh", "format": "html",
+              "api_key": key},
+    )  # fmt: skip
+    assert answer.status_code == 200 and "<s1>" not in answer.json()["translatedText"]
+
+
+def test_usage_survives_a_restart(front: tuple[str, str], tmp_path: Path) -> None:
+    keys = ClientKeys.open(tmp_path / "web_keys.json", character_limit=100)
+    key = keys.keys[0]
+    assert keys.reserve(key, 60) and not keys.reserve(key, 41)
+    again = ClientKeys.open(tmp_path / "web_keys.json")
+    assert again.used(key) == 60 and (tmp_path / USAGE_FILE).is_file()
+    keys.refund(key, 60)
+    assert ClientKeys.open(tmp_path / "web_keys.json").used(key) == 0
+
+
+def test_bad_bodies(front: tuple[str, str]) -> None:
+    url, key = front
+    auth: dict[str, Any] = {"Authorization": f"DeepL-Auth-Key {key}"}
+    missing = requests.post(f"{url}v2/translate", json={"target_lang": "DE"}, headers=auth)
+    assert missing.status_code == 400 and "'text'" in missing.json()["message"]
+    not_object = requests.post(f"{url}translate", json=["q"])
+    assert not_object.status_code == 400 and "error" in not_object.json()
