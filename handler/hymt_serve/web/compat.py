@@ -38,17 +38,8 @@ DEEPL_TARGETS = {
     "ZH-HANS": ("zh", "Chinese (simplified)"),
     "ZH-HANT": ("zh-Hant", "Chinese (traditional)"),
 }
-DEEPL_IGNORED = (  # DeepL options that change nothing here
-    "show_billed_characters",
-    "split_sentences",
-    "preserve_formatting",
-    "outline_detection",
-    "model_type",
-    "non_splitting_tags",
-    "splitting_tags",
-    "ignore_tags",
-    "tag_handling_version",
-)
+# DeepL options this server cannot honour (refused); the others it does not know (such as
+# split_sentences or preserve_formatting) change nothing here and are accepted.
 DEEPL_UNSUPPORTED = ("glossary_id", "glossary_ids", "style_id", "translation_memory_id")
 STATUS_BY_TYPE = {"payload_too_large": 413, "server_busy": 503, "server_unavailable": 502}
 
