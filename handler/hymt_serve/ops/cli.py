@@ -187,13 +187,18 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 def _cmd_web(args: argparse.Namespace) -> int:
     from waitress import serve
 
+    from hymt_serve.request.errors import ConfigurationError
     from hymt_serve.web.app import create_app
     from hymt_serve.web.keys import KEYS_FILE, ClientKeys
 
     server = _server(args.workdir)
     server.workdir.mkdir(parents=True, exist_ok=True)
     key_file = args.client_keys or server.workdir / KEYS_FILE
-    client_keys = ClientKeys.open(key_file, args.character_limit)
+    try:
+        client_keys = ClientKeys.open(key_file, args.character_limit)
+    except ConfigurationError as error:
+        print(f"hymt web: {error}", file=sys.stderr)
+        return 1
     server.web_pid_path.write_text(f"{os.getpid()}\n")  # for hymt stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"translation page on http://{args.host}:{args.port}/ (TorchServe key stays here)")

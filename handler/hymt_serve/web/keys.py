@@ -104,7 +104,9 @@ def _read_keys(path: Path) -> list[ClientKey]:
         raise ConfigurationError(
             f'{path} must hold {{"keys": [{{"name", "key", "character_limit"}}, ...]}}'
         ) from error
-    if not keys or any(len(key.key) < 16 or key.character_limit < 0 for key in keys):
+    if not keys:
+        raise ConfigurationError(f"{path} holds no keys")
+    if any(len(key.key) < 16 or key.character_limit < 0 for key in keys):
         raise ConfigurationError(
             f"{path}: every key needs at least 16 characters and a limit of 0 or more"
         )
