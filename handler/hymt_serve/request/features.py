@@ -119,8 +119,8 @@ def _pair(item: Any, index: int, settings: Settings) -> GlossaryPair:
     return source, target
 
 
-def _one_line(value: Any, where: str, field: str, limit: int) -> str:
-    """A non-empty one-line string of at most ``limit`` characters, stripped."""
+def _bounded(value: Any, where: str, field: str, limit: int) -> str:
+    """A string with a visible character and at most ``limit`` characters."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequest(f"{where} must be a non-empty string", allowed="text", field=field)
     if len(value) > limit:
@@ -129,25 +129,20 @@ def _one_line(value: Any, where: str, field: str, limit: int) -> str:
             allowed=f"at most {limit} characters",
             field=field,
         )
-    if "\n" in value.strip():
+    return value
+
+
+def _one_line(value: Any, where: str, field: str, limit: int) -> str:
+    """A bounded string on one line, stripped."""
+    stripped = _bounded(value, where, field, limit).strip()
+    if "\n" in stripped:
         raise InvalidRequest(f"{where} spans several lines", allowed="one line", field=field)
-    return value.strip()
+    return stripped
 
 
 def _text(fields: Mapping[str, Any], name: str, limit: int) -> str | None:
     """A free-text field (context, style), or None when absent."""
-    if name not in fields:
-        return None
-    value = fields[name]
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidRequest(f"{name} must be a non-empty string", allowed="text", field=name)
-    if len(value) > limit:
-        raise PayloadTooLarge(
-            f"{name} has {len(value)} characters",
-            allowed=f"at most {limit} characters",
-            field=name,
-        )
-    return value
+    return _bounded(fields[name], name, name, limit) if name in fields else None
 
 
 def _markup(value: Any) -> str:
@@ -224,19 +219,8 @@ def _candidate_list(value: Any, index: int, settings: Settings, single: bool) ->
             allowed=f"1 to {MAX_CANDIDATES} strings",
             field="candidates",
         )
-    items = []
-    for position, item in enumerate(value):
-        if not isinstance(item, str) or not item.strip():
-            raise InvalidRequest(
-                f"{where}[{position}] must be a non-empty string",
-                allowed="text",
-                field="candidates",
-            )
-        if len(item) > settings.max_chars_per_text:
-            raise PayloadTooLarge(
-                f"{where}[{position}] has {len(item)} characters",
-                allowed=f"at most {settings.max_chars_per_text}",
-                field="candidates",
-            )
-        items.append(item)
-    return tuple(items)
+    limit = settings.max_chars_per_text
+    return tuple(
+        _bounded(item, f"{where}[{position}]", "candidates", limit)
+        for position, item in enumerate(value)
+    )
