@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from hymt_serve.request.prompts import detect_profile
+from hymt_serve.request.families import detect_profile
 from hymt_serve.request.protocol import parse_request
 from hymt_serve.request.settings import Settings
 

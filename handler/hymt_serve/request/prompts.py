@@ -12,15 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hymt_serve.request.families import (
-    HUNYUAN_MT_7B,
-    PROFILES,
-    Profile,
-    detect_profile,
-)
+from hymt_serve.request.families import HUNYUAN_MT_7B, Profile
 from hymt_serve.request.languages import Language, looks_chinese
-
-__all__ = ["PROFILES", "Profile", "PromptOptions", "build_prompt", "detect_profile"]
 
 Template = str  # "zh", "en" or a feature's template name (families.FEATURE_TEMPLATES)
 GlossaryPair = tuple[str, str]  # (source term, target term)

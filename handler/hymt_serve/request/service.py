@@ -20,9 +20,10 @@ from typing import Any, Protocol
 
 from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
 from hymt_serve.request.errors import PayloadTooLarge, ServiceError, as_service_error
+from hymt_serve.request.families import detect_profile
 from hymt_serve.request.markup import Markup, to_tags
 from hymt_serve.request.metrics import NullRecorder, Recorder
-from hymt_serve.request.prompts import Template, build_prompt, detect_profile
+from hymt_serve.request.prompts import Template, build_prompt
 from hymt_serve.request.protocol import TranslationRequest, parse_request, render_response
 from hymt_serve.request.settings import Settings
 from hymt_serve.request.streaming import IncrementalDecoder
