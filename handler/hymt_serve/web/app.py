@@ -9,9 +9,9 @@ client says otherwise: the page receives TorchServe's newline-delimited JSON as 
 
 from __future__ import annotations
 
+import functools
 import http.cookiejar
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -152,13 +152,7 @@ def _forward(server: Server, url: str, payload: dict[str, Any]) -> Any:
     """POST ``payload`` to ``url`` with the inference key; the answer as a Flask response."""
     streaming = payload.get("stream") is True
     try:
-        upstream = _session().post(
-            url,
-            data=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
-            headers={"Content-Type": JSON, **server.headers("inference")},
-            stream=streaming,
-            timeout=(5, 600),
-        )
+        upstream = _post_upstream(server, url, payload, streaming)
     except requests.RequestException:
         return jsonify(UNREACHABLE), 502
     if not upstream.ok:
@@ -172,23 +166,30 @@ def _forward(server: Server, url: str, payload: dict[str, Any]) -> Any:
     )
 
 
-_SESSION: list[requests.Session] = []
-_SESSION_LOCK = threading.Lock()
-
-
+@functools.cache
 def _session() -> requests.Session:
     """One connection pool to TorchServe for every thread (urllib3's pool is thread-safe):
     kept-alive connections instead of a new one per call (a refinement makes seven)."""
-    with _SESSION_LOCK:
-        if not _SESSION:
-            session = requests.Session()
-            # Shared by every client's calls: never keep a cookie between them.
-            session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-            adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=512)
-            session.mount("http://", adapter)
-            session.mount("https://", adapter)
-            _SESSION.append(session)
-        return _SESSION[0]
+    session = requests.Session()
+    # Shared by every client's calls: never keep a cookie between them.
+    session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=512)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def _post_upstream(
+    server: Server, url: str, payload: dict[str, Any], stream: bool = False
+) -> requests.Response:
+    """POST ``payload`` as JSON to ``url`` with the inference key (raises RequestException)."""
+    return _session().post(
+        url,
+        data=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
+        headers={"Content-Type": JSON, **server.headers("inference")},
+        stream=stream,
+        timeout=(5, 600),
+    )
 
 
 def _poster(server: Server) -> Post:
@@ -197,12 +198,7 @@ def _poster(server: Server) -> Post:
     def post(model: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         url = f"{server.inference_url()}/predictions/{model}"
         try:
-            upstream = _session().post(
-                url,
-                data=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
-                headers={"Content-Type": JSON, **server.headers("inference")},
-                timeout=(5, 600),
-            )
+            upstream = _post_upstream(server, url, payload)
         except requests.RequestException:
             return 502, UNREACHABLE
         if not upstream.ok:

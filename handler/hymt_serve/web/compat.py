@@ -18,14 +18,13 @@ translates whatever it gets, and DeepL's ``detected_source_language`` is empty.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from flask import Flask, jsonify, request
 
 from hymt_serve.request.languages import LANGUAGES, Language, lookup
 from hymt_serve.web.keys import ClientKey, ClientKeys
-from hymt_serve.web.refine import Post
+from hymt_serve.web.refine import Post, post_all
 
 # LibreTranslate's code for traditional Chinese.
 LIBRE_ALIASES = {"zt": "zh-Hant"}
@@ -253,10 +252,8 @@ def _translate(
     """The translations of ``texts`` from our API, in requests of at most ``max_texts``."""
     chunks = [list(texts[i : i + max_texts]) for i in range(0, len(texts), max_texts)]
     bodies = [{**fields, "text": chunk, "stream": False} for chunk in chunks]
-    with ThreadPoolExecutor(max_workers=min(len(bodies), 8)) as pool:
-        answers = list(pool.map(lambda body: post(model, body), bodies))
     out: list[str] = []
-    for status, answer in answers:
+    for status, answer in post_all(post, model, bodies):
         if status != 200:
             message = str(answer.get("error") or f"HTTP {status}")
             kind = answer.get("error_type", "")

@@ -111,8 +111,21 @@ class _Clock:
         return round(elapsed * 1000, 1)
 
 
+def post_all(
+    post: Post, model: str, bodies: Sequence[dict[str, Any]]
+) -> list[tuple[int, dict[str, Any]]]:
+    """The answers to ``bodies``, sent to ``model`` at once (TorchServe batches them)."""
+    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+        return list(pool.map(lambda body: post(model, body), bodies))
+
+
 def _post(post: Post, model: str, request: dict[str, Any]) -> dict[str, Any]:
-    status, answer = post(model, request)
+    return _checked(post(model, request))
+
+
+def _checked(reply: tuple[int, dict[str, Any]]) -> dict[str, Any]:
+    """The answer of a 200, else RefineError with the model's status and body."""
+    status, answer = reply
     if status != 200:
         raise RefineError(status, answer)
     return answer
@@ -148,8 +161,7 @@ def _candidates(
         for sampling, copies in CANDIDATE_PLAN
         for _ in range(copies)
     ]
-    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-        answers = list(pool.map(lambda r: _post(post, translator, r), requests))
+    answers = [_checked(answer) for answer in post_all(post, translator, requests)]
     per_text: list[list[str]] = [[] for _ in answers[0]["translations"]]
     for answer in answers:
         for i, item in enumerate(answer["translations"]):
