@@ -99,7 +99,7 @@ class HunyuanMTHandler:
                 return [json.dumps(await self._describe_async())]
             origins = _origins(context, len(data))
             outcomes = self._prepare(data, origins)
-            sink = partial(_send_delta, context)
+            sink = partial(_send_event, context)
             generated = await service.generate_async(outcomes, sink=sink)
             replies = service.render(outcomes, generated, _request_ids(context, len(data)))
         except Exception as exc:  # never raise here: TorchServe would fail every request
@@ -122,7 +122,7 @@ class HunyuanMTHandler:
     def inference(self, outcomes: list[Outcome]) -> list[Reply]:
         """Generate for every valid request of the batch at once and render the replies."""
         service = self._service()
-        generated = service.generate(outcomes, sink=self._send_delta)
+        generated = service.generate(outcomes, sink=self._send_event)
         return service.render(outcomes, generated, self._request_ids(len(outcomes)))
 
     def postprocess(self, replies: list[Reply]) -> list[str]:
@@ -152,8 +152,8 @@ class HunyuanMTHandler:
             "settings": service.settings.public(),
         }
 
-    def _send_delta(self, index: int, delta: str) -> None:
-        _send_delta(self.context, index, delta)
+    def _send_event(self, index: int, event: dict[str, Any]) -> None:
+        _send_event(self.context, index, event)
 
     def describe(self) -> dict[str, Any]:
         """The engine's and the settings' facts, for ``GET /models/<name>?customized=true``."""
@@ -231,11 +231,12 @@ def _withhold(context: Any, index: int) -> None:
     logger.warning("request %s came over gRPC StreamPredictions2: refused, no reply", request_id)
 
 
-def _send_delta(context: Any, index: int, delta: str) -> None:
-    """Send one streamed text delta to request ``index`` only (HTTP chunked)."""
+def _send_event(context: Any, index: int, event: dict[str, Any]) -> None:
+    """Send one stream event (a text delta, a document's progress) to request ``index`` only,
+    as one JSON line (HTTP chunked)."""
     request_id = (getattr(context, "request_ids", None) or {}).get(index, "")
     context.set_response_content_type(index, NDJSON)
-    line = json.dumps({"delta": delta, "request_id": request_id}, ensure_ascii=False)
+    line = json.dumps({**event, "request_id": request_id}, ensure_ascii=False)
     send_intermediate_predict_response(
         {index: line + "\n"},
         {index: request_id},

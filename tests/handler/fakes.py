@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -67,14 +67,22 @@ def set_batch(
 
 
 class FakeEngine:
-    """Encodes characters as ids; "translates" by upper-casing the source text of the prompt.
+    """Encodes characters as ids; "translates" the source text of the prompt (what follows its
+    first blank line) with ``translate``: upper-casing by default.
 
-    Rows submitted before :meth:`run` make one batch (``calls`` records the batch sizes); with
-    ``failure`` set, the engine fails that batch's rows with it (as the scheduler does). A
-    streaming row gets its ids one at a time."""
+    Rows submitted before :meth:`run` make one batch (``calls`` records the batch sizes; rows
+    submitted while a batch finishes make the next); with ``failure`` set, the engine fails
+    that batch's rows with it (as the scheduler does). A streaming row gets its ids one at a
+    time."""
 
-    def __init__(self, failure: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        failure: BaseException | None = None,
+        translate: Callable[[str], str] = str.upper,
+    ) -> None:
         self.failure = failure
+        self.translate = translate
+        self.prompts: list[str] = []
         self.calls: list[int] = []
         self._queued: list[tuple[GenerationRow, Future[GenerationResult], OnTokens | None]] = []
 
@@ -91,16 +99,23 @@ class FakeEngine:
         self._queued.append((row, future, on_tokens))
         return future
 
-    def run(self, futures: Sequence[Future[GenerationResult]]) -> None:
+    def run(self, futures: Sequence[Future[Any]]) -> None:
+        while self._queued:
+            self._batch()
+
+    def _batch(self) -> None:
         queued, self._queued = self._queued, []
-        if queued:
-            self.calls.append(len(queued))
+        self.calls.append(len(queued))
         for row, future, on_tokens in queued:
+            if future.cancelled():
+                continue
             if self.failure is not None:
                 future.set_exception(as_service_error(self.failure, rows=len(queued)))
                 continue
-            source = "".join(chr(i) for i in row.prompt_ids).split("\n\n", 1)[1]
-            ids = tuple(ord(c) for c in source.upper())[: row.max_new_tokens]
+            prompt = "".join(chr(i) for i in row.prompt_ids)
+            self.prompts.append(prompt)
+            source = prompt.split("\n\n", 1)[-1]  # a prompt with no blank line: all of it
+            ids = tuple(ord(c) for c in self.translate(source))[: row.max_new_tokens]
             for token in ids if on_tokens is not None else ():
                 on_tokens([token])  # type: ignore[misc]
             finish = "stop" if len(ids) < row.max_new_tokens else "length"

@@ -80,8 +80,13 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/features.py", "_data_format", "InvalidRequest"): 400,
     ("hymt_serve/request/features.py", "_candidates", "InvalidRequest"): 400,
     ("hymt_serve/request/markup.py", "to_tags", "InvalidRequest"): 400,
-    # The service: a text whose prompt is too long.
-    ("hymt_serve/request/service.py", "_tokenise", "PayloadTooLarge"): 413,
+    # Documents: their fields, a malformed SRT file, too many segments.
+    ("hymt_serve/request/protocol.py", "_document", "InvalidRequest"): 400,
+    ("hymt_serve/request/protocol.py", "_document", "PayloadTooLarge"): 413,
+    ("hymt_serve/request/documents.py", "_malformed", "InvalidRequest"): 400,
+    ("hymt_serve/request/service.py", "_tokenise_document", "PayloadTooLarge"): 413,
+    # The service: a text (or a document's segment) whose prompt is too long.
+    ("hymt_serve/request/service.py", "_row", "PayloadTooLarge"): 413,
     # The engine: rows it cannot take, too many waiting, the engine process gone.
     ("hymt_serve/engine/scheduler.py", "submit", "InvalidRequest"): 400,
     ("hymt_serve/engine/jobs.py", "put", "Overloaded"): 503,

@@ -81,7 +81,7 @@ class Engine:
         too many rows wait; failures while generating come as the future's ServiceError."""
         return self.scheduler.submit(row, on_tokens)
 
-    def run(self, futures: Sequence[Future[GenerationResult]]) -> None:
+    def run(self, futures: Sequence[Future[Any]]) -> None:
         """Return once every future is done (stepping on this thread unless started)."""
         self.scheduler.run(futures)
 

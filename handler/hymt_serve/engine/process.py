@@ -163,7 +163,7 @@ class EngineClient:
             raise Overloaded("the engine process is restarting", allowed="retry in a minute")
         return future
 
-    def run(self, futures: Sequence[Future[GenerationResult]]) -> None:
+    def run(self, futures: Sequence[Future[Any]]) -> None:
         """Return once every future is done (the child steps)."""
         wait_all(futures)
 

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import wait as wait_all
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -116,7 +117,7 @@ class Scheduler:
         self._waiting.put(job)
         return job.future
 
-    def run(self, futures: Sequence[Future[GenerationResult]]) -> None:
+    def run(self, futures: Sequence[Future[Any]]) -> None:
         """Return once every future is done: step on this thread, or wait for the serving
         thread when :meth:`start` ran."""
         if self._thread is not None:

@@ -2,7 +2,8 @@
 tags for the model and comes back as the same markup; the ``<target>`` wrapper the formatted
 template asks for is removed.
 
-Each piece of markup that wraps text (``**bold**``, ``[a link](url)``, ``<b>…</b>``) becomes
+Each piece of markup that wraps text (``**bold**``, ``[a link](url)``, ``<b>…</b>``; Markdown
+may hold HTML too) becomes
 ``<sN>text</sN>``: the model translates the text and keeps the tags where the translated words
 go, and the original opening and closing markup replaces them. Markup with no text of its own
 to translate (inline code, an autolink or bare URL, ``<br>``, ``<img>``, an HTML comment, a
@@ -21,11 +22,15 @@ from dataclasses import dataclass
 from hymt_serve.request.errors import InvalidRequest
 
 TAG = re.compile(r"<(/?)s(\d+)>")
-_MD = re.compile(
-    r"(?P<code>(?P<ticks>`+)(?!`).+?(?<!`)(?P=ticks)(?!`))"
-    r"|(?P<autolink><(?:https?|mailto|ftp):[^\s<>]+>)"
+_LINKS = (
+    r"(?P<autolink><(?:https?|mailto|ftp):[^\s<>]+>)"
     r"|(?P<url>\bhttps?://[^\s<>()\[\]]*[^\s<>()\[\].,;:!?'\"])"
-    r"|(?P<link>!?\[(?P<label>[^\[\]]+)\](?P<dest>\([^()\s]*(?:\s+\"[^\"]*\")?\)))"
+)
+_URLS = re.compile(_LINKS)
+_MD = re.compile(
+    r"(?P<code>(?P<ticks>`+)(?!`).+?(?<!`)(?P=ticks)(?!`))|"
+    + _LINKS
+    + r"|(?P<link>!?\[(?P<label>[^\[\]]+)\](?P<dest>\([^()\s]*(?:\s+\"[^\"]*\")?\)))"
     r"|(?P<strong>(?P<sm>\*\*|__|~~)(?=\S)(?P<sinner>.+?)(?<=\S)(?P=sm))"
     r"|(?P<em>(?<![*\w])(?P<em_m>[*_])(?![*_\s])(?P<einner>.+?)(?<![\s*_])(?P=em_m)(?![*\w]))",
     re.DOTALL,
@@ -50,7 +55,8 @@ class Markup:
 
 
 def to_tags(text: str, kind: str) -> tuple[str, Markup]:
-    """``text`` with its ``kind`` ("markdown" or "html") inline markup as ``<sN>`` tags."""
+    """``text`` with its ``kind`` ("markdown" or "html") inline markup as ``<sN>`` tags; kind
+    "text" (plain text) stands in for its URLs only."""
     if TAG.search(text):
         raise InvalidRequest(
             f"the text already holds <sN> tags; send it with preserve_format 'tags', not {kind!r}",
@@ -58,7 +64,10 @@ def to_tags(text: str, kind: str) -> tuple[str, Markup]:
             field="preserve_format",
         )
     builder = _Builder()
-    out = builder.markdown(text) if kind == "markdown" else builder.html(text)
+    if kind == "text":
+        out = _URLS.sub(lambda match: builder._stand_in(match[0]), text)
+    else:
+        out = builder.markdown(text) if kind == "markdown" else builder.html(text)
     return out, Markup(tuple(builder.opens), tuple(builder.closes))
 
 
@@ -83,7 +92,7 @@ class _Builder:
     def markdown(self, text: str) -> str:
         parts, position = [], 0
         for match in _MD.finditer(text):
-            parts.append(text[position : match.start()])
+            parts.append(self.html(text[position : match.start()]))  # inline HTML
             position = match.end()
             whole = match.group(0)
             if match["code"] or match["autolink"] or match["url"]:
@@ -97,7 +106,7 @@ class _Builder:
                 inner = match["sinner"] if match["sm"] else match["einner"]
                 number = self._tag(marker, marker)
                 parts.append(f"<s{number}>{self.markdown(inner)}</s{number}>")
-        parts.append(text[position:])
+        parts.append(self.html(text[position:]))
         return "".join(parts)
 
     def html(self, text: str) -> str:
@@ -150,10 +159,11 @@ def _pair_elements(tokens: list[re.Match[str]]) -> dict[int, int]:
     return partner
 
 
-def restore(output: str, markup: Markup) -> tuple[str, int]:
+def restore(output: str, markup: Markup, *, keep_lost: bool = False) -> tuple[str, int]:
     """The model's ``output`` with its ``<sN>`` tags turned back into markup, and how many of
     the source's tags did not come back whole (their text stays, plain; a stand-in's original
-    text is then missing). Tags the source did not have are dropped."""
+    text is then missing, or with ``keep_lost`` added at the end, so code and URLs survive).
+    Tags the source did not have are dropped."""
     count = len(markup.opens)
     seen_open = {int(m[2]) for m in TAG.finditer(output) if not m[1]}
     seen_close = {int(m[2]) for m in TAG.finditer(output) if m[1]}
@@ -169,7 +179,15 @@ def restore(output: str, markup: Markup) -> tuple[str, int]:
             return ""
         return markup.closes[number - 1] if match[1] else markup.opens[number - 1]
 
-    return TAG.sub(replace, output), count - len(whole)
+    text = TAG.sub(replace, output)
+    if keep_lost:
+        lost = [
+            markup.opens[n - 1]
+            for n in range(1, count + 1)
+            if n not in whole and not markup.closes[n - 1]
+        ]
+        text = " ".join([text, *lost])
+    return text, count - len(whole)
 
 
 def unwrap_target(output: str) -> str:

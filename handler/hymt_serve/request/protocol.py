@@ -2,12 +2,16 @@
 
 Pure functions (no torch), testable in milliseconds. Request body (JSON object)::
 
-    {"text": "..." | ["...", ...],           required: one text or a list of texts
+    {"text": "..." | ["...", ...],           one text or a list of texts, or:
+     "document": "...",                      a whole document (instead of "text"), with
+     "format": "markdown",                   text | markdown | html | srt (default text) and
+     "previous_context": true,               the previous segment as context (optional)
      "target_lang": "en",                    required (alias "tgt_lang")
      "source_lang": "zh",                    optional (alias "src_lang")
      "max_new_tokens": 128,                  optional, 1..the server's cap
      "sampling": true,                       optional, default false (greedy)
-     "stream": true,                         optional, default false; one text only
+     "stream": true,                         optional, default false; one text (its text
+                                             deltas) or a document (its progress)
      "temperature": 0.7, "top_p": 0.6,       optional with sampling, default the model card's
      "top_k": 20, "repetition_penalty": 1.05,
      "glossary": [...], "context": "...", ...}  optional fields of the families that support
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hymt_serve.engine.types import GenerationResult, SamplingParams
+from hymt_serve.request.documents import FORMATS, Document
 from hymt_serve.request.errors import (
     InvalidRequest,
     PayloadTooLarge,
@@ -45,8 +50,12 @@ _BRIEF = reprlib.Repr()
 _BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 2, 40, 40
 _BRIEF.maxlist = _BRIEF.maxdict = 4
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
+DOCUMENT_FIELDS = ("document", "format", "previous_context")
+# Feature fields a document cannot take: it keeps its own format, and Chimera refines candidates.
+NOT_FOR_DOCUMENTS = ("preserve_format", "candidates")
 FIELDS = (
     "text",
+    *DOCUMENT_FIELDS,
     "source_lang",
     "target_lang",
     "max_new_tokens",
@@ -69,6 +78,16 @@ class TranslationRequest:
     sampling: SamplingParams | None
     stream: bool = False
     features: Features = field(default_factory=Features)
+    document: DocumentInput | None = None  # a document request: ``texts`` is empty
+
+
+@dataclass(frozen=True)
+class DocumentInput:
+    """A document to split into segments (:mod:`hymt_serve.request.documents`)."""
+
+    text: str
+    format: str
+    previous_context: bool = False
 
 
 def decode_body(body: Any) -> dict[str, Any]:
@@ -163,7 +182,8 @@ def parse_request(
     Raises InvalidRequest (400) or PayloadTooLarge (413) saying what was wrong and what is allowed.
     """
     fields = _canonical_fields(decode_body(body))
-    texts, single = _texts(fields.get("text"), settings)
+    document = _document(fields, settings, profile)
+    texts, single = ((), False) if document else _texts(fields.get("text"), settings)
     features = parse_features(fields, profile, settings, len(texts), single)
     target = _language(fields.get("target_lang"), "target_lang", required=True)
     source = _language(fields.get("source_lang"), "source_lang", required=profile.needs_source_lang)
@@ -181,9 +201,84 @@ def parse_request(
         target=target,
         max_new_tokens=_max_new_tokens(fields.get("max_new_tokens"), settings.max_new_tokens),
         sampling=_sampling(fields, settings.sampling),
-        stream=_stream(fields.get("stream", False), single, features),
+        stream=_stream(fields.get("stream", False), single or document is not None, features),
         features=features,
+        document=document,
     )
+
+
+def _document(
+    fields: Mapping[str, Any], settings: Settings, profile: Profile
+) -> DocumentInput | None:
+    """The document fields, validated; None for a request of texts."""
+    if "document" not in fields:
+        for name in DOCUMENT_FIELDS:
+            if name in fields:
+                raise InvalidRequest(
+                    f"{name!r} applies to documents only", allowed='"document": "..."', field=name
+                )
+        return None
+    if "text" in fields:
+        raise InvalidRequest(
+            "send 'text' or 'document', not both", allowed="one of them", field="document"
+        )
+    text = fields["document"]
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidRequest(
+            "document must be a non-empty string", allowed="the document's text", field="document"
+        )
+    if not _is_unicode(text):
+        raise InvalidRequest(
+            "document contains a lone surrogate (not valid Unicode)",
+            allowed="text that encodes as UTF-8",
+            field="document",
+        )
+    size = len(text.encode("utf-8"))
+    if size > settings.max_document_bytes:
+        raise PayloadTooLarge(
+            f"document has {size} bytes (UTF-8)",
+            allowed=f"at most {settings.max_document_bytes} bytes",
+            field="document",
+        )
+    kind = fields.get("format", "text")
+    if kind not in FORMATS:
+        raise InvalidRequest(
+            f"format must be one of {list(FORMATS)}, got {brief(kind)}",
+            allowed=list(FORMATS),
+            field="format",
+        )
+    for name in NOT_FOR_DOCUMENTS:
+        if name in fields:
+            why = {
+                "preserve_format": "a document keeps its format itself",
+                "candidates": "refinement takes sentences with their candidates",
+            }[name]
+            raise InvalidRequest(
+                f"{name!r} does not apply to documents: {why}",
+                allowed=[f for f in FEATURE_FIELDS if f not in NOT_FOR_DOCUMENTS],
+                field=name,
+            )
+    previous = fields.get("previous_context", False)
+    if not isinstance(previous, bool):
+        raise InvalidRequest(
+            f"previous_context must be true or false, got {brief(previous)}",
+            allowed=[True, False],
+            field="previous_context",
+        )
+    if previous and "context" not in profile.features:
+        raise InvalidRequest(
+            f"the loaded model ({profile.title}) has no context prompt for previous_context",
+            allowed={"model": profile.title, "features": list(profile.features)},
+            field="previous_context",
+        )
+    if previous and any(name in fields for name in FEATURE_FIELDS):
+        raise InvalidRequest(
+            "previous_context fills the context prompt; it cannot be combined with another "
+            "feature field",
+            allowed="previous_context alone",
+            field="previous_context",
+        )
+    return DocumentInput(text, kind, previous)
 
 
 def _canonical_fields(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -249,6 +344,7 @@ def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
 
 
 def _stream(value: Any, single: bool, features: Features) -> bool:
+    """``single``: one text or a document (a list of texts cannot stream)."""
     if not isinstance(value, bool):
         raise InvalidRequest(
             f"stream must be true or false, got {brief(value)}",
@@ -358,12 +454,14 @@ def render_response(
     templates: Sequence[Template],
     markups: Sequence[Markup | None],
     request_id: str | None,
+    document: Document | None = None,
 ) -> dict[str, Any]:
-    """The JSON response for a request whose texts were all translated.
+    """The JSON response for a request whose texts (or document segments) were all translated.
 
     ``finish_reason`` "length" says max_new_tokens cut the text. The formatted template's
-    answer loses its ``<target>`` wrapper and gets its markup back (with how many tags the
-    model lost); a refined text lists the candidates it came from.
+    answer loses its ``<target>`` wrapper; text with markup behind ``<sN>`` tags gets it back
+    (with how many tags the model lost; in a document, lost code and URLs are kept at the
+    segment's end); a refined text lists the candidates it came from.
     """
     items = []
     for index, (result, n_in, template, markup) in enumerate(
@@ -378,16 +476,21 @@ def render_response(
         }
         if template == "formatted":
             item["text"] = unwrap_target(result.text)
-            if markup is not None:
-                item["text"], item["format_tags_lost"] = restore(item["text"], markup)
+        if markup is not None and (markup.opens or template == "formatted"):
+            item["text"], item["format_tags_lost"] = restore(
+                item["text"], markup, keep_lost=document is not None
+            )
         if request.features.candidates:
             item["candidates"] = list(request.features.candidates[index])
         items.append(item)
     response: dict[str, Any] = {}
-    if request.single:
-        response["translation"] = items[0]["text"]
+    if document is not None:
+        response.update(_document_reply(document, items))
+    else:
+        if request.single:
+            response["translation"] = items[0]["text"]
+        response["translations"] = items
     response.update(
-        translations=items,
         source_lang=request.source.code if request.source else None,
         target_lang=request.target.code,
         usage={
@@ -397,3 +500,23 @@ def render_response(
         request_id=request_id,
     )
     return response
+
+
+def _document_reply(document: Document, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A document's reply: the document rebuilt around its translated segments (a segment the
+    model answered with nothing keeps its source text), and counts of how that went."""
+    texts = [
+        str(item["text"]).strip() or segment
+        for item, segment in zip(items, document.segments, strict=True)
+    ]
+    reasons: dict[str, int] = {}
+    for item in items:
+        reasons[item["finish_reason"]] = reasons.get(item["finish_reason"], 0) + 1
+    return {
+        "document": document.assemble(texts),
+        "format": document.format,
+        "segments": len(items),
+        "finish_reasons": reasons,
+        "untranslated_segments": sum(not str(item["text"]).strip() for item in items),
+        "format_tags_lost": sum(item.get("format_tags_lost", 0) for item in items),
+    }

@@ -12,19 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.request.documents import MARKUP_KIND, Document, split_document
 from hymt_serve.request.errors import PayloadTooLarge, ServiceError, as_service_error
 from hymt_serve.request.families import detect_profile
 from hymt_serve.request.markup import Markup, to_tags
 from hymt_serve.request.metrics import NullRecorder, Recorder
-from hymt_serve.request.prompts import Template, build_prompt
-from hymt_serve.request.protocol import TranslationRequest, parse_request, render_response
+from hymt_serve.request.prompts import PromptOptions, Template, build_prompt
+from hymt_serve.request.protocol import (
+    DocumentInput,
+    TranslationRequest,
+    parse_request,
+    render_response,
+)
 from hymt_serve.request.settings import Settings
 from hymt_serve.request.streaming import IncrementalDecoder
 
@@ -50,8 +58,9 @@ class Engine(Protocol):
         while generating come as the future's ServiceError."""
         ...
 
-    def run(self, futures: Sequence[Future[GenerationResult]]) -> None:
-        """Return once every future is done (stepping the engine on this thread if needed)."""
+    def run(self, futures: Sequence[Future[Any]]) -> None:
+        """Return once every future is done (stepping the engine on this thread if needed;
+        the futures may be others than the engine's, resolved by its futures' callbacks)."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -59,7 +68,9 @@ class Engine(Protocol):
         ...
 
 
-StreamSink = Callable[[int, str], None]  # (request index in the batch, text delta)
+# (request index in the batch, event): {"delta": text} for a streamed text, {"progress":
+# {"done": n, "total": m}} for a document.
+StreamSink = Callable[[int, dict[str, Any]], None]
 # How a token callback reaches the sink's thread: called at once (batch mode) or handed to
 # the event loop (async mode).
 Hop = Callable[[Callable[[], None]], None]
@@ -74,6 +85,7 @@ class Prepared:
     rows: tuple[GenerationRow, ...]
     templates: tuple[Template, ...]
     markups: tuple[Markup | None, ...]  # per text: its markup behind <sN> tags (preserve_format)
+    document: Document | None = None  # a document request: rows are its segments, in order
 
 
 @dataclass(frozen=True)
@@ -104,13 +116,100 @@ class _Stream:
             self._send(tail)
 
 
-@dataclass
 class _InFlight:
-    """One request's rows in the engine."""
+    """One request's rows in the engine, at most ``window`` at a time: each row that finishes
+    lets the next one in (a document's hundreds of segments never fill the waiting line).
+    ``done`` resolves once every row has finished, or once a failure has stopped the feeding
+    and the rows already in have finished; a refusal withdraws the rows still waiting."""
 
-    prepared: Prepared
-    futures: list[Future[GenerationResult]] = field(default_factory=list)
-    stream: _Stream | None = None
+    def __init__(
+        self,
+        prepared: Prepared,
+        submit: Callable[[GenerationRow], Future[GenerationResult]],
+        window: int,
+        progress: Callable[[int, int], None] | None = None,
+    ):
+        self.prepared = prepared
+        self.futures: list[Future[GenerationResult] | None] = [None] * len(prepared.rows)
+        self.done: Future[None] = Future()
+        self.refusal: ServiceError | None = None
+        self.stream: _Stream | None = None
+        self._submit_row = submit
+        self._window = window
+        self._progress = progress
+        self._lock = threading.Lock()
+        self._next = 0  # rows taken for submission
+        self._outstanding = 0  # taken and not yet finished
+        self._finished = 0
+        self._reported = -1  # the last progress percentage sent
+        self._stopped = False
+
+    def start(self) -> None:
+        if not self.futures:
+            self.done.set_result(None)
+            return
+        for _ in range(min(self._window, len(self.futures))):
+            if not self._feed():
+                break
+
+    def _feed(self) -> bool:
+        with self._lock:
+            if self._stopped or self._next >= len(self.futures):
+                return False
+            index, self._next, self._outstanding = self._next, self._next + 1, self._outstanding + 1
+        try:
+            future = self._submit_row(self.prepared.rows[index])
+        except Exception as error:  # e.g. Overloaded: the request fails, its rows withdrawn
+            self.refusal = as_service_error(error)
+            self._stop()
+            self._release()
+            return False
+        self.futures[index] = future
+        future.add_done_callback(self._finished_one)
+        return True
+
+    def _finished_one(self, future: Future[GenerationResult]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            self._stop()
+        else:
+            self._feed()
+            self._report()
+        self._release()
+
+    def _stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+        for future in self.futures:
+            if future is not None:
+                future.cancel()
+
+    def _report(self) -> None:
+        if self._progress is None:
+            return
+        with self._lock:
+            self._finished += 1
+            done, total = self._finished, len(self.futures)
+            percent = done * 100 // total
+            if percent == self._reported and done < total:
+                return
+            self._reported = percent
+        self._progress(done, total)
+
+    def _release(self) -> None:
+        with self._lock:
+            self._outstanding -= 1
+            over = self._outstanding == 0 and (self._stopped or self._next >= len(self.futures))
+            if over and not self.done.done():
+                self.done.set_result(None)
+
+    def failure(self) -> BaseException | None:
+        """Why the request failed: a refusal, or the first failure among its rows."""
+        if self.refusal is not None:
+            return self.refusal
+        for future in self.futures:
+            if future is not None and not future.cancelled() and future.exception() is not None:
+                return future.exception()
+        return None
 
 
 class TranslationService:
@@ -138,47 +237,106 @@ class TranslationService:
             return as_service_error(error)
 
     def _tokenise(self, request: TranslationRequest) -> Prepared:
+        if request.document is not None:
+            return self._tokenise_document(request, request.document)
         rows, templates, markups = [], [], []
         options, candidates = request.features.options, request.features.candidates
         for index, text in enumerate(request.texts):
             markup = None
             if options.preserve_format in ("markdown", "html"):
                 text, markup = to_tags(text, options.preserve_format)
-            prompt, template = build_prompt(
+            row, template = self._row(
+                request,
                 text,
-                request.source,
-                request.target,
-                profile=self.profile,
-                options=options,
-                candidates=candidates[index] if candidates else (),
+                options,
+                partial(_text_at, request.single, index, bool(candidates)),
+                candidates[index] if candidates else (),
             )
-            ids = self.engine.encode_prompt(prompt)
-            if len(ids) > self.settings.max_input_tokens:
-                where = "text" if request.single else f"text[{index}]"
-                where += " with its candidates" if candidates else ""
-                raise PayloadTooLarge(
-                    f"{where} makes a prompt of {len(ids)} tokens",
-                    allowed=f"at most {self.settings.max_input_tokens} prompt tokens per text",
-                    field="text",
-                )
-            rows.append(GenerationRow(tuple(ids), request.max_new_tokens, request.sampling))
+            rows.append(row)
             templates.append(template)
             markups.append(markup)
         return Prepared(request, tuple(rows), tuple(templates), tuple(markups))
+
+    def _row(
+        self,
+        request: TranslationRequest,
+        text: str,
+        options: PromptOptions,
+        where: Callable[[], str],
+        candidates: Sequence[str] = (),
+    ) -> tuple[GenerationRow, Template]:
+        """One text's prompt, tokenised; PayloadTooLarge past max_input_tokens."""
+        prompt, template = build_prompt(
+            text,
+            request.source,
+            request.target,
+            profile=self.profile,
+            options=options,
+            candidates=candidates,
+        )
+        ids = self.engine.encode_prompt(prompt)
+        if len(ids) > self.settings.max_input_tokens:
+            raise PayloadTooLarge(
+                f"{where()} makes a prompt of {len(ids)} tokens",
+                allowed=f"at most {self.settings.max_input_tokens} prompt tokens per text",
+                field="text" if request.document is None else "document",
+            )
+        return GenerationRow(tuple(ids), request.max_new_tokens, request.sampling), template
+
+    def _tokenise_document(self, request: TranslationRequest, spec: DocumentInput) -> Prepared:
+        """A document's segments as rows, in order: inline markup as ``<sN>`` tags (with the
+        formatted template where the family has one and no other feature is asked for), the
+        previous segment as context when asked."""
+        settings = self.settings
+        empty = len(self.engine.encode_prompt(""))
+
+        def measure(text: str) -> int:
+            return len(self.engine.encode_prompt(text)) - empty
+
+        document = split_document(
+            spec.text,
+            spec.format,
+            budget=settings.document_segment_tokens,
+            measure=measure,
+            language=request.source.code if request.source else None,
+        )
+        segments = document.segments
+        if len(segments) > settings.max_document_segments:
+            raise PayloadTooLarge(
+                f"the document splits into {len(segments)} segments",
+                allowed=f"at most {settings.max_document_segments} segments per document",
+                field="document",
+            )
+        options = request.features.options
+        plain = options == PromptOptions()
+        formatted = plain and "preserve_format" in self.profile.features
+        rows, templates, markups = [], [], []
+        for index, segment in enumerate(segments):
+            text, markup = to_tags(segment, MARKUP_KIND[spec.format])
+            chosen = options
+            if spec.previous_context and index > 0:
+                chosen = PromptOptions(context=segments[index - 1][-settings.max_context_chars :])
+            elif formatted and markup.opens:
+                chosen = PromptOptions(preserve_format="tags")
+            row, template = self._row(request, text, chosen, partial(_segment_at, document, index))
+            rows.append(row)
+            templates.append(template)
+            markups.append(markup)
+        return Prepared(request, tuple(rows), tuple(templates), tuple(markups), document)
 
     def generate(
         self, outcomes: Sequence[Outcome], sink: StreamSink | None = None
     ) -> list[Generated]:
         """TorchServe's batch mode: every valid request's rows go to the engine together, and
         the engine runs on this thread until they are done; streaming requests (when a
-        ``sink`` is given) send their text deltas as they come."""
+        ``sink`` is given) send their text deltas or their progress as they come."""
         started = time.perf_counter()
         flights = self._submit_all(outcomes, sink, _at_once)
-        futures = _futures(flights)
+        live = [flight for flight in flights if isinstance(flight, _InFlight)]
         try:
-            self.engine.run(futures)
+            self.engine.run([flight.done for flight in live])
         except Exception as error:  # the engine failed as a whole: every request of the batch
-            failure = as_service_error(error, rows=len(futures))
+            failure = as_service_error(error, rows=sum(len(f.futures) for f in live))
             return [failure if isinstance(f, _InFlight) else f for f in flights]
         return self._collect(flights, started)
 
@@ -186,8 +344,8 @@ class TranslationService:
         self, outcomes: Sequence[Outcome], sink: StreamSink | None = None
     ) -> list[Generated]:
         """TorchServe's async mode: like :meth:`generate`, but awaited: the engine steps on
-        its own and batches these rows with those of every other request in flight; text
-        deltas reach ``sink`` on the event loop."""
+        its own and batches these rows with those of every other request in flight; stream
+        events reach ``sink`` on the event loop."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
 
@@ -195,9 +353,9 @@ class TranslationService:
             loop.call_soon_threadsafe(call)
 
         flights = self._submit_all(outcomes, sink, hop)
-        futures = _futures(flights)
-        if futures:
-            await asyncio.wait([asyncio.wrap_future(f, loop=loop) for f in futures])
+        dones = [flight.done for flight in flights if isinstance(flight, _InFlight)]
+        if dones:
+            await asyncio.wait([asyncio.wrap_future(done, loop=loop) for done in dones])
         return self._collect(flights, started)
 
     def _submit_all(
@@ -211,22 +369,31 @@ class TranslationService:
     def _submit(
         self, index: int, outcome: Outcome, sink: StreamSink | None, hop: Hop
     ) -> _InFlight | ServiceError:
-        """Submit a valid request's rows; a refusal (e.g. Overloaded) fails the request and
-        withdraws its rows already submitted."""
+        """Start feeding a valid request's rows to the engine; a refusal (e.g. Overloaded)
+        fails the request and withdraws its rows already submitted."""
         if isinstance(outcome, ServiceError):
             return outcome
-        flight = _InFlight(outcome)
+        send = sink if sink is not None and outcome.request.stream else None
         on_tokens: OnTokens | None = None
-        if sink is not None and outcome.request.stream:
-            stream = flight.stream = _Stream(self.engine.decode, lambda d: sink(index, d))
+        progress: Callable[[int, int], None] | None = None
+        if send is not None and outcome.document is not None:
+            progress = lambda done, total: hop(  # noqa: E731
+                lambda: send(index, {"progress": {"done": done, "total": total}})
+            )
+        flight = _InFlight(
+            outcome,
+            lambda row: self.engine.submit(row, on_tokens),
+            self.settings.document_window_rows,
+            progress,
+        )
+        if send is not None and outcome.document is None:
+            stream = flight.stream = _Stream(
+                self.engine.decode, lambda delta: send(index, {"delta": delta})
+            )
             on_tokens = lambda ids: hop(lambda: stream.push(ids))  # noqa: E731
-        try:
-            for row in outcome.rows:
-                flight.futures.append(self.engine.submit(row, on_tokens))
-        except Exception as error:
-            for future in flight.futures:
-                future.cancel()
-            return as_service_error(error)
+        flight.start()
+        if flight.refusal is not None and not any(flight.futures):
+            return flight.refusal
         return flight
 
     def _collect(
@@ -240,11 +407,11 @@ class TranslationService:
             if isinstance(flight, ServiceError):
                 generated.append(flight)
                 continue
-            failure = next(filter(None, (f.exception() for f in flight.futures)), None)
+            failure = flight.failure()
             if failure is not None:
                 generated.append(as_service_error(failure, rows=len(flight.futures)))
                 continue
-            results = [future.result() for future in flight.futures]
+            results = [future.result() for future in flight.futures if future is not None]
             if flight.stream is not None:
                 flight.stream.finish(results[0].text)
             rows.extend(flight.prepared.rows)
@@ -294,13 +461,19 @@ class TranslationService:
                 outcome.templates,
                 outcome.markups,
                 request_id,
+                outcome.document,
             )
             replies.append(Reply(200, body, outcome.request.stream))
         return replies
 
 
-def _futures(flights: Sequence[_InFlight | ServiceError]) -> list[Future[GenerationResult]]:
-    return [f for flight in flights if isinstance(flight, _InFlight) for f in flight.futures]
+def _text_at(single: bool, index: int, candidates: bool) -> str:
+    where = "text" if single else f"text[{index}]"
+    return where + (" with its candidates" if candidates else "")
+
+
+def _segment_at(document: Document, index: int) -> str:
+    return f"segment {index + 1} (line {document.line_of(index)}) of the document"
 
 
 def _at_once(call: Callable[[], None]) -> None:

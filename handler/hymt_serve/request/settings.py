@@ -40,6 +40,10 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "max_term_chars": (1, 10_000),
     "max_context_chars": (0, 1_000_000),
     "max_instruction_chars": (1, 100_000),
+    "max_document_bytes": (1, 16_777_216),
+    "max_document_segments": (1, 1_000_000),
+    "document_segment_tokens": (16, 32_768),
+    "document_window_rows": (1, 1_000_000),
     "top_k": (1, 1_000),
     "test_oom_max_new_tokens": (0, 32_768),
     "test_hang_max_new_tokens": (0, 32_768),
@@ -80,6 +84,14 @@ class Settings:
     max_term_chars: int = 200
     max_context_chars: int = 2000
     max_instruction_chars: int = 500
+    # Documents ("document" in a request): size in UTF-8 bytes, segments (rows) per document,
+    # tokens per segment before a block is cut into sentences, and how many of a document's
+    # rows are in the engine at once (the rest follow as they finish, so one document never
+    # fills the waiting line that other requests need).
+    max_document_bytes: int = 1_048_576
+    max_document_segments: int = 20_000
+    document_segment_tokens: int = 256
+    document_window_rows: int = 512
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Test-only fault injection (0 = off): a batch holding a request with exactly this
     # max_new_tokens fails with a device out-of-memory error. Never set it in production.
