@@ -29,6 +29,7 @@ from hymt_serve.request.transport import STREAM_NEXT_HEADER, Origin, body_of, or
 logger = logging.getLogger(__name__)
 JSON, NDJSON = "application/json", "application/x-ndjson"
 DESCRIBE_TIMEOUT_S = 30.0  # async mode: how long a describe call waits for the engine process
+HEAVY_BODY_BYTES = 65_536  # async mode: bodies prepared on a thread of their own
 
 
 class HunyuanMTHandler:
@@ -98,7 +99,10 @@ class HunyuanMTHandler:
             if context.get_request_header(0, "describe") == "True":
                 return [json.dumps(await self._describe_async())]
             origins = _origins(context, len(data))
-            outcomes = self._prepare(data, origins)
+            if _heavy(data):  # a document: split and tokenised off the event loop
+                outcomes = await asyncio.to_thread(self._prepare, data, origins)
+            else:
+                outcomes = self._prepare(data, origins)
             sink = partial(_send_event, context)
             generated = await service.generate_async(outcomes, sink=sink)
             replies = service.render(outcomes, generated, _request_ids(context, len(data)))
@@ -186,6 +190,18 @@ def _async_mode(context: Any) -> bool:
             "over several requests at once"
         )
     return True
+
+
+def _heavy(data: list[dict[str, Any]]) -> bool:
+    """Whether preparing these requests takes long enough (a document: splitting and
+    tokenising hundreds of segments) to keep it off the event loop other requests share."""
+    for row in data:
+        body = row.get("body", row.get("data"))
+        if isinstance(body, dict) and "document" in body:
+            return True
+        if isinstance(body, (bytes, bytearray, str)) and len(body) > HEAVY_BODY_BYTES:
+            return True
+    return False
 
 
 def _origins(context: Any, count: int) -> list[Origin]:

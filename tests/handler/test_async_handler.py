@@ -125,6 +125,38 @@ def test_a_stream_and_plain_requests_in_flight_together(
     assert all(s == 200 for s, _, _ in plain)
 
 
+def test_a_document_streams_its_progress_beside_sentences(
+    async_handler: tuple[HunyuanMTHandler, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A document of 30 segments (30 rows for 3 slots, with other requests in flight)
+    comes back whole: its code untouched, its progress streamed to it alone."""
+    handler, context = async_handler
+    sent: list[tuple[dict[int, str], dict[int, str]]] = []
+    monkeypatch.setattr(
+        hunyuan_mt_handler,
+        "send_intermediate_predict_response",
+        lambda ret, ids, message, code, ctx: sent.append((ret, ids)),
+    )
+    code = "```\nprint('keep me')\n```\n"
+    document = "\n\n".join(f"Paragraph {n} of the page." for n in range(30)) + "\n\n" + code
+    body = {"document": document, "format": "markdown", "target_lang": "de", "stream": True}
+
+    async def together() -> list[tuple[int, str, str]]:
+        calls = [one_call(handler, context, body, "d")]
+        calls += [one_call(handler, context, BODIES[0], f"p{i}") for i in range(4)]
+        return list(await asyncio.gather(*calls))
+
+    (status, content_type, final), *plain = asyncio.run(together())
+    assert status == 200 and content_type == "application/x-ndjson", final
+    reply = json.loads(final)
+    assert reply["segments"] == 30 and reply["document"].endswith("\n\n" + code)
+    assert reply["document"].count("\n\n") >= 30
+    assert {ids[0] for _, ids in sent} == {"d"}
+    progress = [json.loads(ret[0])["progress"] for ret, _ in sent]
+    assert progress[-1] == {"done": 30, "total": 30}
+    assert all(s == 200 for s, _, _ in plain)
+
+
 def test_describe_is_answered_in_async_mode(async_handler: tuple[HunyuanMTHandler, Any]) -> None:
     handler, context = async_handler
 

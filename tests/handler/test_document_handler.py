@@ -5,6 +5,7 @@ streamed, and every bad document a clear 4xx beside requests that succeed."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -228,3 +229,17 @@ def test_bad_documents_get_clear_4xx_and_the_batch_goes_on(
         assert reply["error"]
     assert "segment 1 (line 1)" in replies[11][1]["error"]
     assert "cue 1 (line 2)" in replies[9][1]["error"]
+
+
+def test_a_segment_output_is_capped_by_its_own_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    handler = start(
+        FakeEngine(translate=lambda text: text * 5), monkeypatch, document_length_factor=1.5
+    )
+    document = "Short one.\n\n" + "A much longer paragraph of words. " * 3 + "\n"
+    ((status, reply),) = run(handler, [{"document": document, "target_lang": "fr"}])
+    assert status == 200
+    assert reply["finish_reasons"] == {"length": 2}
+    short, long = reply["document"].split("\n\n")
+    assert len(short) == 8 + 15  # 10 characters (one token each in the fake) x 1.5, plus 8
+    paragraph = len(("A much longer paragraph of words. " * 3).strip())
+    assert len(long.strip()) == 8 + math.ceil(1.5 * paragraph)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -264,6 +265,7 @@ class TranslationService:
         options: PromptOptions,
         where: Callable[[], str],
         candidates: Sequence[str] = (),
+        max_new_tokens: int | None = None,
     ) -> tuple[GenerationRow, Template]:
         """One text's prompt, tokenised; PayloadTooLarge past max_input_tokens."""
         prompt, template = build_prompt(
@@ -281,12 +283,13 @@ class TranslationService:
                 allowed=f"at most {self.settings.max_input_tokens} prompt tokens per text",
                 field="text" if request.document is None else "document",
             )
-        return GenerationRow(tuple(ids), request.max_new_tokens, request.sampling), template
+        limit = max_new_tokens or request.max_new_tokens
+        return GenerationRow(tuple(ids), limit, request.sampling), template
 
     def _tokenise_document(self, request: TranslationRequest, spec: DocumentInput) -> Prepared:
         """A document's segments as rows, in order: inline markup as ``<sN>`` tags (with the
         formatted template where the family has one and no other feature is asked for), the
-        previous segment as context when asked."""
+        previous segment as context when asked, output capped by the segment's length."""
         settings = self.settings
         empty = len(self.engine.encode_prompt(""))
 
@@ -318,7 +321,14 @@ class TranslationService:
                 chosen = PromptOptions(context=segments[index - 1][-settings.max_context_chars :])
             elif formatted and markup.opens:
                 chosen = PromptOptions(preserve_format="tags")
-            row, template = self._row(request, text, chosen, partial(_segment_at, document, index))
+            limit = 8 + math.ceil(settings.document_length_factor * measure(text))
+            row, template = self._row(
+                request,
+                text,
+                chosen,
+                partial(_segment_at, document, index),
+                max_new_tokens=min(request.max_new_tokens, limit),
+            )
             rows.append(row)
             templates.append(template)
             markups.append(markup)

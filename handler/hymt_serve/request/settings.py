@@ -54,7 +54,9 @@ FLOAT_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "temperature": (0.0, 10.0, True),
     "top_p": (0.0, 1.0, True),
     "repetition_penalty": (0.0, 10.0, True),
+    "document_length_factor": (0.0, 100.0, True),
 }
+SAMPLING_FLOATS = ("temperature", "top_p", "repetition_penalty")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +94,9 @@ class Settings:
     max_document_segments: int = 20_000
     document_segment_tokens: int = 256
     document_window_rows: int = 512
+    # A segment's output stops at 8 + this x its own tokens (and at max_new_tokens): a model
+    # caught repeating itself cannot hold a whole document up.
+    document_length_factor: float = 3.0
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Test-only fault injection (0 = off): a batch holding a request with exactly this
     # max_new_tokens fails with a device out-of-memory error. Never set it in production.
@@ -127,9 +132,10 @@ class Settings:
             key: _bounded_float(key, values.pop(key)) for key in FLOAT_BOUNDS if key in values
         }
         sampling = SamplingParams(
-            **floats, **({"top_k": ints.pop("top_k")} if "top_k" in ints else {})
+            **{key: floats.pop(key) for key in SAMPLING_FLOATS if key in floats},
+            **({"top_k": ints.pop("top_k")} if "top_k" in ints else {}),
         )
-        return cls(model_path=model_path, sampling=sampling, **choices, **ints)
+        return cls(model_path=model_path, sampling=sampling, **choices, **ints, **floats)
 
     def public(self) -> dict[str, Any]:
         """A JSON-ready view for describe output and logs (no secrets in settings)."""
