@@ -279,3 +279,97 @@ def test_the_proxy_answers_like_the_request_api(page_url: str) -> None:
     typo = requests.post(url, json={"text": "Hello", "target_language": "fr"}, timeout=120)
     assert typo.status_code == 400
     assert typo.json()["error_type"] == "invalid_request"
+
+
+MARKDOWN_FILE = (
+    "# Notes\n\nFirst paragraph here. It has two sentences.\n\n```\ncode stays\n```\n\n"
+    "- item one\n- item two with `code`\n"
+)
+SRT_FILE = (
+    "\ufeff1\r\n00:00:01,000 --> 00:00:02,000\r\nHello.\r\n\r\n"
+    "2\r\n00:00:03,000 --> 00:00:04,500\r\n<i>Bye.</i>\r\n"
+)
+DROP = """([name, text]) => {
+  const data = new DataTransfer();
+  data.items.add(new File([text], name, { type: "application/octet-stream" }));
+  const zone = document.getElementById("document");
+  for (const type of ["dragover", "drop"]) {
+    const options = { dataTransfer: data, bubbles: true, cancelable: true };
+    zone.dispatchEvent(new DragEvent(type, options));
+  }
+}"""
+
+
+def download(page: Any) -> tuple[str, str]:
+    """Click the download link: (suggested file name, content as UTF-8, a BOM kept)."""
+    page.wait_for_selector("#download:not([hidden])")
+    with page.expect_download() as info:
+        page.click("#download")
+    saved = info.value
+    return saved.suggested_filename, Path(saved.path()).read_bytes().decode("utf-8")
+
+
+def test_a_chosen_file_shows_progress_and_downloads_translated(page: Any) -> None:
+    page.select_option("#source", "en")
+    page.select_option("#target", "fr")
+    with page.expect_request("**/api/translate") as sent:
+        page.set_input_files(
+            "#file",
+            files=[{"name": "notes.md", "mimeType": "text/markdown",
+                    "buffer": MARKDOWN_FILE.encode()}],
+        )  # fmt: skip
+    body = json.loads(sent.value.post_data)
+    assert body["document"] == MARKDOWN_FILE and body["format"] == "markdown"
+    assert body["stream"] is True and "text" not in body
+    name, text = download(page)
+    assert name == "notes.fr.md"
+    assert text.startswith("# ") and "\n\n```\ncode stays\n```\n\n- " in text
+    assert page.evaluate("window.hymt.progress")[-1] == 4  # heading, paragraph, two items
+    assert "4 segments in" in page.inner_text("#doc-status")
+    assert page.evaluate("document.getElementById('doc-progress').value") == 1
+    assert page.is_hidden("#error")
+
+
+def test_a_dropped_subtitle_file_keeps_its_numbers_and_timings(page: Any) -> None:
+    page.select_option("#source", "en")
+    page.select_option("#target", "de")
+    page.evaluate(DROP, ["subs.srt", SRT_FILE])
+    name, text = download(page)
+    assert name == "subs.de.srt"
+    assert text.startswith("\ufeff1\r\n00:00:01,000 --> 00:00:02,000\r\n")
+    assert "\r\n\r\n2\r\n00:00:03,000 --> 00:00:04,500\r\n" in text
+
+
+def test_files_that_cannot_be_translated_get_readable_errors(page: Any) -> None:
+    cases = [
+        ("report.docx", b"PK\x03\x04", "Choose a .txt, .md, .html or .srt file"),
+        ("latin1.txt", "caf\u00e9".encode("latin-1"), "not UTF-8"),
+        ("broken.srt", b"1\nnot a timing line\nHi\n", "cue 1 (line 2)"),
+    ]
+    for name, content, message in cases:
+        page.set_input_files(
+            "#file", files=[{"name": name, "mimeType": "text/plain", "buffer": content}]
+        )
+        page.wait_for_function(
+            "(m) => document.getElementById('error').textContent.includes(m)", arg=message
+        )
+        assert page.is_hidden("#download")
+
+
+def test_the_proxy_streams_a_document_progress_then_the_result(page_url: str) -> None:
+    document = "\n\n".join(f"Paragraph number {n}." for n in range(12)) + "\n"
+    with requests.post(
+        f"{page_url}api/translate",
+        json={"document": document, "target_lang": "ja", "stream": True},
+        stream=True,
+        timeout=300,
+    ) as reply:
+        assert reply.status_code == 200
+        assert reply.headers["Content-Type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in reply.iter_lines() if line]
+    progress = [line["progress"] for line in lines[:-1]]
+    assert progress and progress[-1] == {"done": 12, "total": 12}
+    assert [p["done"] for p in progress] == sorted(p["done"] for p in progress)
+    final = lines[-1]
+    assert final["segments"] == 12 and final["document"].count("\n\n") >= 11
+    assert final["document"].endswith("\n")

@@ -25,6 +25,7 @@ from hymt_serve.web.keys import ClientKeys
 from hymt_serve.web.refine import Post, refine
 
 DEFAULT_MAX_CHARS = 4000
+DEFAULT_MAX_DOCUMENT_BYTES = 1_048_576
 DEFAULT_MAX_TEXTS = 16
 JSON, NDJSON = "application/json", "application/x-ndjson"
 TORCHSERVE_TYPES = {400: "invalid_request", 413: "payload_too_large", 503: "server_busy"}
@@ -91,7 +92,10 @@ def create_app(
         described = _describe(server, model)
         return jsonify(
             languages=languages,
-            max_chars=_max_chars(described),
+            max_chars=_setting(described, "max_chars_per_text", DEFAULT_MAX_CHARS),
+            max_document_bytes=_setting(
+                described, "max_document_bytes", DEFAULT_MAX_DOCUMENT_BYTES
+            ),
             demo_model=_demo_model(described),
             model=model,
             family=_family(described),
@@ -257,12 +261,12 @@ def _describe(server: Server, model: str) -> dict[str, Any]:
     return metadata if isinstance(metadata, dict) else {}
 
 
-def _max_chars(described: dict[str, Any]) -> int:
-    """The character limit from the handler's settings in ``described``, or the default."""
+def _setting(described: dict[str, Any], name: str, default: int) -> int:
+    """A limit from the handler's settings in ``described``, or ``default``."""
     try:
-        return int(described["settings"]["max_chars_per_text"])
+        return int(described["settings"][name])
     except (KeyError, TypeError, ValueError):
-        return DEFAULT_MAX_CHARS
+        return default
 
 
 def _family(described: dict[str, Any]) -> str | None:

@@ -4,7 +4,13 @@
 const $ = (id) => document.getElementById(id);
 const state = {
   maxChars: 0, busy: false, streamEvents: 0, demoModel: false, features: [], refine: false,
+  maxDocumentBytes: 0, progress: [],
 };
+// File extensions and the document formats of the API.
+const FORMATS = { txt: "text", text: "text", md: "markdown", markdown: "markdown", html: "html",
+  htm: "html", srt: "srt" };
+const MIME = { text: "text/plain", markdown: "text/markdown", html: "text/html",
+  srt: "application/x-subrip" };
 // The option controls, by the request field each sets (shown when the model supports it).
 const OPTIONS = ["glossary", "context", "preserve_format", "style", "preferences", "delimiters",
   "data_format"];
@@ -164,7 +170,9 @@ async function readStream(response) {
     for (const line of lines) {
       if (!line.trim()) continue;
       const message = JSON.parse(line);
-      if ("delta" in message) {
+      if ("progress" in message) {
+        showProgress(message.progress.done, message.progress.total);
+      } else if ("delta" in message) {
         $("output").textContent += message.delta;
         state.streamEvents += 1;
       } else {
@@ -174,6 +182,107 @@ async function readStream(response) {
     }
     if (done) return last;
   }
+}
+
+function showProgress(done, total) {
+  state.progress.push(done);
+  $("doc-progress").max = total;
+  $("doc-progress").value = done;
+  $("doc-status").textContent = `${done} / ${total} segments translated`;
+}
+
+// "notes.md" translated into German downloads as "notes.de.md".
+function translatedName(name, language) {
+  const dot = name.lastIndexOf(".");
+  return dot > 0 ? `${name.slice(0, dot)}.${language}${name.slice(dot)}` : `${name}.${language}`;
+}
+
+async function translateFile(file) {
+  if (state.busy || !file) return;
+  const extension = file.name.includes(".") ? file.name.split(".").pop().toLowerCase() : "";
+  const format = FORMATS[extension];
+  if (!format) return showError(`Choose a .txt, .md, .html or .srt file (not "${file.name}").`);
+  if (file.size > state.maxDocumentBytes) {
+    const limit = (state.maxDocumentBytes / 1048576).toFixed(1);
+    return showError(`The file is larger than the server accepts (${limit} MB).`);
+  }
+  let text;
+  try { // the file's own bytes: a byte-order mark is kept, anything but UTF-8 refused
+    text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true })
+      .decode(await file.arrayBuffer());
+  } catch (error) {
+    return showError("The file is not UTF-8 text.");
+  }
+  const body = requestBody(text);
+  if (body === null) return showError("Write each glossary line as: term = translation");
+  delete body.text;
+  delete body.preserve_format; // a document keeps its format itself
+  Object.assign(body, { document: text, format, stream: true });
+  showError("");
+  state.busy = true;
+  state.progress = [];
+  $("translate").disabled = $("pick").disabled = true;
+  $("download").hidden = true;
+  $("doc-progress").hidden = false;
+  $("doc-progress").removeAttribute("value"); // busy until the first segments are done
+  $("doc-status").textContent = `Splitting ${file.name}…`;
+  const started = performance.now();
+  try {
+    const response = await fetch("/api/translate", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    if (!response.ok) {
+      const reply = await response.json().catch(() => ({}));
+      $("doc-status").textContent = "";
+      return showError(readableError(response.status, reply));
+    }
+    const final = await readStream(response);
+    if (!final || typeof final.document !== "string") {
+      $("doc-status").textContent = "";
+      return showError(readableError(200, final || {}));
+    }
+    const name = translatedName(file.name, $("target").value);
+    const link = $("download");
+    if (link.href) URL.revokeObjectURL(link.href);
+    link.href = URL.createObjectURL(new Blob([final.document], { type: MIME[format] }));
+    link.download = name;
+    link.textContent = `Download ${name}`;
+    link.hidden = false;
+    const seconds = ((performance.now() - started) / 1000).toFixed(1);
+    const notes = [`${final.segments} segments in ${seconds} s`];
+    const cut = (final.finish_reasons || {}).length;
+    if (cut) notes.push(`${cut} cut at the length limit`);
+    if (final.format_tags_lost) notes.push(`${final.format_tags_lost} formatting lost`);
+    $("doc-status").textContent = notes.join(" · ");
+    $("doc-progress").max = 1;
+    $("doc-progress").value = 1;
+  } catch (error) {
+    showError(MESSAGES.server_unavailable);
+  } finally {
+    state.busy = false;
+    $("translate").disabled = $("pick").disabled = false;
+  }
+}
+
+function setUpFiles() {
+  const zone = $("document");
+  $("pick").addEventListener("click", () => $("file").click());
+  $("file").addEventListener("change", () => {
+    translateFile($("file").files[0]);
+    $("file").value = ""; // the same file can be chosen again
+  });
+  zone.addEventListener("dragover", (event) => {
+    event.preventDefault();
+    zone.classList.add("over");
+  });
+  zone.addEventListener("dragleave", () => zone.classList.remove("over"));
+  zone.addEventListener("drop", (event) => {
+    event.preventDefault();
+    zone.classList.remove("over");
+    translateFile(event.dataTransfer.files[0]);
+  });
 }
 
 function swap() {
@@ -207,6 +316,7 @@ async function copyOutput() {
 async function init() {
   const config = await fetch("/api/config").then((r) => r.json());
   state.maxChars = config.max_chars;
+  state.maxDocumentBytes = config.max_document_bytes;
   $("model").textContent = config.family ? `${config.model} · ${config.family}` : config.model;
   state.demoModel = config.demo_model === true;
   $("demo-notice").hidden = !state.demoModel;
@@ -224,6 +334,7 @@ async function init() {
   $("translate").addEventListener("click", translate);
   $("swap").addEventListener("click", swap);
   $("copy").addEventListener("click", copyOutput);
+  setUpFiles();
   state.ready = true;
 }
 
