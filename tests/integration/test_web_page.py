@@ -328,6 +328,7 @@ def test_a_chosen_file_shows_progress_and_downloads_translated(page: Any) -> Non
     assert "4 segments in" in page.inner_text("#doc-status")
     assert page.evaluate("document.getElementById('doc-progress').value") == 1
     assert page.is_hidden("#error")
+    page.screenshot(path=str(REPO / "loadtest/reports/web-page-document.png"), full_page=True)
 
 
 def test_a_dropped_subtitle_file_keeps_its_numbers_and_timings(page: Any) -> None:
