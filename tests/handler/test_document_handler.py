@@ -243,3 +243,13 @@ def test_a_segment_output_is_capped_by_its_own_length(monkeypatch: pytest.Monkey
     assert len(short) == 8 + 15  # 10 characters (one token each in the fake) x 1.5, plus 8
     paragraph = len(("A much longer paragraph of words. " * 3).strip())
     assert len(long.strip()) == 8 + math.ceil(1.5 * paragraph)
+
+
+def test_a_document_that_writes_about_sn_tags_keeps_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    handler = start(FakeEngine(translate=shout), monkeypatch)
+    document = "Tags such as <s1>this</s1> mark **formatting**.\n"
+    ((status, reply),) = run(
+        handler, [{"document": document, "format": "markdown", "target_lang": "de"}]
+    )
+    assert status == 200, reply
+    assert reply["document"] == "TAGS SUCH AS <s1>THIS</s1> MARK **FORMATTING**.\n"

@@ -54,21 +54,25 @@ class Markup:
     closes: tuple[str, ...] = ()
 
 
-def to_tags(text: str, kind: str) -> tuple[str, Markup]:
+def to_tags(text: str, kind: str, *, tags_in_text: bool = False) -> tuple[str, Markup]:
     """``text`` with its ``kind`` ("markdown" or "html") inline markup as ``<sN>`` tags; kind
-    "text" (plain text) stands in for its URLs only."""
-    if TAG.search(text):
+    "text" (plain text) stands in for its URLs only. ``<sN>`` tags already in the text are a
+    400, or with ``tags_in_text`` (a document that writes about them) stand-ins of their own."""
+    if TAG.search(text) and not tags_in_text:
         raise InvalidRequest(
             f"the text already holds <sN> tags; send it with preserve_format 'tags', not {kind!r}",
             allowed="tags, or markup without <sN> tags",
             field="preserve_format",
         )
     builder = _Builder()
-    if kind == "text":
-        out = _URLS.sub(lambda match: builder._stand_in(match[0]), text)
-    else:
-        out = builder.markdown(text) if kind == "markdown" else builder.html(text)
-    return out, Markup(tuple(builder.opens), tuple(builder.closes))
+    convert = {"text": builder.urls, "markdown": builder.markdown}.get(kind, builder.html)
+    parts: list[str] = []
+    position = 0
+    for match in TAG.finditer(text):
+        parts += (convert(text[position : match.start()]), builder._stand_in(match[0]))
+        position = match.end()
+    parts.append(convert(text[position:]))
+    return "".join(parts), Markup(tuple(builder.opens), tuple(builder.closes))
 
 
 class _Builder:
@@ -88,6 +92,9 @@ class _Builder:
     def _wrap(self, opening: str, inner: str, closing: str) -> str:
         number = self._tag(opening, closing)
         return f"<s{number}>{inner}</s{number}>"
+
+    def urls(self, text: str) -> str:
+        return _URLS.sub(lambda match: self._stand_in(match[0]), text)
 
     def markdown(self, text: str) -> str:
         parts, position = [], 0

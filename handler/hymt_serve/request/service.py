@@ -315,7 +315,7 @@ class TranslationService:
         formatted = plain and "preserve_format" in self.profile.features
         rows, templates, markups = [], [], []
         for index, segment in enumerate(segments):
-            text, markup = to_tags(segment, MARKUP_KIND[spec.format])
+            text, markup = to_tags(segment, MARKUP_KIND[spec.format], tags_in_text=True)
             chosen = options
             if spec.previous_context and index > 0:
                 chosen = PromptOptions(context=segments[index - 1][-settings.max_context_chars :])
