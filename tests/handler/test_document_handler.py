@@ -11,9 +11,13 @@ from typing import Any
 
 import pytest
 from fakes import FakeEngine, make_context, set_batch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hunyuan_mt_handler
 from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.request.service import TranslationService
+from hymt_serve.request.settings import Settings
 
 SETTINGS: dict[str, Any] = {"model_path": "/unused", "max_new_tokens": 400}
 
@@ -253,3 +257,34 @@ def test_a_document_that_writes_about_sn_tags_keeps_them(monkeypatch: pytest.Mon
     )
     assert status == 200, reply
     assert reply["document"] == "TAGS SUCH AS <s1>THIS</s1> MARK **FORMATTING**.\n"
+
+
+PIECES = [*"ab Z.!?。\n\r#>-*_`|<>/[]()~:1é字😀", "<b>", "</b>", "<s1>", "```", "http://x.y/ "]
+PIECES += ["<code>", "</code>", "**", "[a](b)", "1\n00:00:01,000 --> 00:00:02,000\n", "\n\n"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    kind=st.sampled_from(["text", "markdown", "html", "srt"]),
+    document=st.lists(st.sampled_from(PIECES), min_size=1, max_size=80).map("".join),
+)
+def test_any_document_comes_back_byte_for_byte_through_the_service(
+    kind: str, document: str
+) -> None:
+    """Splitting, <sN> tags for inline markup, generation and rebuilding: with an identity
+    translator the reply is the document, whatever it holds (or a 400 for a broken SRT)."""
+    service = TranslationService(
+        FakeEngine(translate=lambda text: text),
+        Settings.from_mapping({"model_path": "/unused", "document_segment_tokens": 24}, environ={}),
+    )
+    body = {"document": document, "format": kind, "target_lang": "de"}
+    outcomes = service.prepare([body])
+    replies = service.render(outcomes, service.generate(outcomes), ["r"])
+    if not document.strip():
+        assert replies[0].status == 400
+        return
+    if replies[0].status == 400 and kind == "srt":
+        assert "SRT" in replies[0].body["error"]
+        return
+    assert replies[0].status == 200, replies[0].body
+    assert replies[0].body["document"] == document
