@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -288,3 +289,22 @@ def test_any_document_comes_back_byte_for_byte_through_the_service(
         return
     assert replies[0].status == 200, replies[0].body
     assert replies[0].body["document"] == document
+
+
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_a_document_fed_two_rows_at_a_time_through_the_real_scheduler(
+    tiny_model_dir: Path, engine: str
+) -> None:
+    """Batch mode steps the scheduler on the handler's thread: rows that the finishing rows
+    submit (from their futures' callbacks) must keep it stepping until the document is done."""
+    handler = HunyuanMTHandler()
+    context = make_context(
+        {"model_path": str(tiny_model_dir), "engine": engine, "max_new_tokens": 6,
+         "document_window_rows": 2, "max_batch_rows": 4},
+        model_dir=tiny_model_dir,
+    )  # fmt: skip
+    handler.initialize(context)
+    document = "\n\n".join(f"Paragraph {n} here." for n in range(9)) + "\n"
+    ((status, reply),) = run(handler, [{"document": document, "target_lang": "de"}])
+    assert status == 200, reply
+    assert reply["segments"] == 9 and reply["document"].endswith("\n")

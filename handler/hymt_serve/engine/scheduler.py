@@ -157,7 +157,8 @@ class Scheduler:
 
     def step(self, *, block: bool = False) -> bool:
         """Take arrivals (waiting up to a moment for one when ``block`` and idle), collect a
-        read-back, admit, decode one step. Returns whether rows still run or wait."""
+        read-back, admit, decode one step. Returns whether rows still run or wait (rows that
+        finishing rows' callbacks submitted meanwhile included)."""
         self._waiting.take(block=block and not self._running and not self._waiting)
         try:
             if self._readback is not None:
@@ -172,7 +173,7 @@ class Scheduler:
                 self._start_readback()
         except Exception as error:  # the running rows fail, the scheduler goes on
             self._reset(error)
-        return bool(self._running or self._waiting)
+        return bool(self._running or self._waiting.pending)
 
     def _serve(self) -> None:
         if self._device.type == "cuda":

@@ -112,13 +112,16 @@ class _Pieces:
         """A block of prose: whitespace at its ends stays literal, the rest is split to the
         budget; parts without a letter outside code, URLs and tags stay literal."""
         core = text.strip()
-        if not core or self.measure(core) <= self.budget:
+        tokens = self.measure(core) if core else 0
+        if tokens <= self.budget:
             self._part(text)
             return
         start = text.index(core[0])
         self.literal(text[:start])
         protected = _protected(core, self.kind)
-        for begin, end in _split(core, protected, self.budget, self.measure, self.language):
+        # The block's own tokens per character turns the token budget into characters.
+        chars = max(1, self.budget * len(core) // tokens)
+        for begin, end in _split(core, protected, chars, self.language):
             self._part(core[begin:end])
         self.literal(text[start + len(core) :])
 
@@ -184,33 +187,34 @@ def _tags(text: str) -> list[tuple[int, int]]:
 
 
 def _code_spans(text: str) -> list[tuple[int, int]]:
-    """Markdown code spans: a run of backticks up to the next run of the same length."""
-    runs: dict[int, list[int]] = {}
+    """Markdown code spans: a run of backticks up to the next run of the same length (runs
+    inside a span are its content). Linear: each length's runs are walked once."""
     ticks = list(_TICKS.finditer(text))
+    by_length: dict[int, list[int]] = {}
     for index, run in enumerate(ticks):
-        runs.setdefault(len(run[0]), []).append(index)
-    spans, taken, cursor = [], -1, dict.fromkeys(runs, 0)
+        by_length.setdefault(len(run[0]), []).append(index)
+    next_of = dict.fromkeys(by_length, 0)  # per length: the first run not yet passed
+    spans, inside_until = [], -1
     for index, run in enumerate(ticks):
-        if index <= taken:
+        if index <= inside_until:
             continue
-        same = runs[len(run[0])]
-        while cursor[len(run[0])] < len(same) and same[cursor[len(run[0])]] <= index:
-            cursor[len(run[0])] += 1
-        if cursor[len(run[0])] < len(same):
-            closing = same[cursor[len(run[0])]]
+        length = len(run[0])
+        same = by_length[length]
+        while next_of[length] < len(same) and same[next_of[length]] <= index:
+            next_of[length] += 1
+        if next_of[length] < len(same):
+            closing = same[next_of[length]]
             spans.append((run.start(), ticks[closing].end()))
-            taken = closing
+            inside_until = closing
     return spans
 
 
 def _split(
-    text: str, protected: list[tuple[int, int]], budget: int, measure: Measure, language: str
+    text: str, protected: list[tuple[int, int]], chars: int, language: str
 ) -> Iterator[tuple[int, int]]:
-    """Spans of ``text`` (a block over the budget) of about ``budget`` tokens each, covering
-    it in order: sentences grouped, and a sentence over the budget cut at spaces or clause
-    marks. No span ends inside a protected span."""
-    # The block's own tokens per character turns the token budget into characters.
-    chars = max(1, int(budget * len(text) / max(1, measure(text))))
+    """Spans of ``text`` (a block over the budget) of about ``chars`` characters each,
+    covering it in order: sentences grouped, and a sentence over the budget cut at spaces or
+    clause marks. No span ends inside a protected span."""
     inside = _Inside(protected)
     cuts = [
         boundary["end_index"]

@@ -11,6 +11,7 @@ whose rows it hit, and the number of replies always equals the number of request
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import threading
@@ -18,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Protocol
 
 from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
@@ -250,7 +250,7 @@ class TranslationService:
                 request,
                 text,
                 options,
-                partial(_text_at, request.single, index, bool(candidates)),
+                functools.partial(_text_at, request.single, index, bool(candidates)),
                 candidates[index] if candidates else (),
             )
             rows.append(row)
@@ -293,6 +293,7 @@ class TranslationService:
         settings = self.settings
         empty = len(self.engine.encode_prompt(""))
 
+        @functools.cache  # a block that is one segment is measured once
         def measure(text: str) -> int:
             return len(self.engine.encode_prompt(text)) - empty
 
@@ -321,12 +322,12 @@ class TranslationService:
                 chosen = PromptOptions(context=segments[index - 1][-settings.max_context_chars :])
             elif formatted and markup.opens:
                 chosen = PromptOptions(preserve_format="tags")
-            limit = 8 + math.ceil(settings.document_length_factor * measure(text))
+            limit = 8 + math.ceil(settings.document_length_factor * measure(segment))
             row, template = self._row(
                 request,
                 text,
                 chosen,
-                partial(_segment_at, document, index),
+                functools.partial(_segment_at, document, index),
                 max_new_tokens=min(request.max_new_tokens, limit),
             )
             rows.append(row)
