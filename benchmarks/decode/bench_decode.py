@@ -229,6 +229,17 @@ def quantized_engine_rows(
     return rows
 
 
+def fp8_weight_bytes(model: PreTrainedModel) -> int:
+    """What the weights read per step once the decoder's projections are FP8: 1 byte for each
+    projection weight (plus its scales), 2 for the rest (embeddings, norms; tied LM head)."""
+    total = 0
+    for name, param in model.named_parameters():
+        projection = param.dim() == 2 and ".layers." in name
+        total += param.numel() * (1 if projection else param.element_size())
+        total += param.shape[0] * 4 if projection else 0
+    return total
+
+
 def write_outputs(out: Path, report: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -298,6 +309,20 @@ def summary(report: dict[str, Any]) -> list[str]:
             f"{share:.0%} of the roofline rate end to end ({steady:.0%} per step).",
             "",
         ]
+    for batch in (1, 128):
+        if ("fast-fp8", batch) in by and ("fast", batch) in by:
+            fp8, bf16 = by["fast-fp8", batch]["ms_per_step"], by["fast", batch]["ms_per_step"]
+            lines += [
+                f"FP8 batch {batch}: {fp8} ms/step against bf16's {bf16} ({bf16 / fp8:.2f} x).",
+                "",
+            ]
+    if "fp8" in report:
+        fp8_engine = report["fp8"]["fast_engine"]
+        lines += [
+            f"FP8 ready time {report['fp8']['ready_s']} s (bf16 {report['ready_s']} s); weights "
+            f"{fp8_engine['weight_bytes'] / 1e9:.2f} GB.",
+            "",
+        ]
     return lines
 
 
@@ -308,7 +333,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    styles = {"hf": "o-", "hf-runner": "D-", "fast": "s-", "hf-int8": "v:", "hf-nf4": "^:"}
+    styles = {"hf": "o-", "hf-runner": "D-", "fast": "s-", "fast-fp8": "P-", "hf-int8": "v:"}
+    styles["hf-nf4"] = "^:"
     for engine, style in styles.items():
         rows = [r for r in report["rows"] if r["engine"] == engine]
         if not rows:
@@ -348,6 +374,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quantized-batches", type=int, nargs="*", default=[1, 64])
     parser.add_argument("--quantized-new-tokens", type=int, default=16)
     parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/hymt-7b-random"))
+    parser.add_argument(
+        "--fp8", action="store_true", help="also the fast engine with quantization: fp8"
+    )
     return parser.parse_args()
 
 
@@ -365,17 +394,24 @@ def engine_rows(
 
 
 def fast_section(
-    model: PreTrainedModel, args: argparse.Namespace, roofline: Callable[[int, float], float]
+    model: PreTrainedModel,
+    args: argparse.Namespace,
+    roofline: Callable[[int, float], float],
+    fp8: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Build the fast engine over ``model`` (fusing its weights in place) and time it."""
+    """Build the fast engine over ``model`` (fusing its weights in place; ``fp8``: quantizing
+    them) and time it."""
     start = time.perf_counter()
     max_seq_len = args.prompt_tokens + args.fast_new_tokens
-    fast = build_fast_runner(model, max_batch_size=max(args.batches), max_seq_len=max_seq_len)
+    fast = build_fast_runner(
+        model, max_batch_size=max(args.batches), max_seq_len=max_seq_len, fp8=fp8
+    )
     ready_s = time.perf_counter() - start
     scheduler = Scheduler(fast, (), _ids, max_seq_len=max_seq_len)
     print(f"fast engine ready in {ready_s:.1f} s: {fast.describe()}", flush=True)
     runs = partial(fast_runner, scheduler)
-    rows = engine_rows("fast", runs, args, args.fast_new_tokens, roofline)
+    name = "fast-fp8" if fp8 else "fast"
+    rows = engine_rows(name, runs, args, args.fast_new_tokens, roofline)
     for row in rows:
         row["graph_ms_per_step"] = round(graph_step_ms(fast, row["batch_size"]), 3)
     info = {
@@ -410,6 +446,20 @@ def main() -> None:
     gc.collect()
     torch.cuda.empty_cache()
     print(f"GPU memory still allocated: {torch.cuda.memory_allocated() / 1e9:.2f} GB", flush=True)
+    fp8_info: dict[str, Any] = {}
+    if args.fp8:  # a fresh model (the bf16 one's weights were fused), quantized at build
+        fp8_model = build_model()
+        fp8_bytes = fp8_weight_bytes(fp8_model)
+        fp8_rows, fp8_info = fast_section(
+            fp8_model,
+            args,
+            lambda b, c: roofline_ms(fp8_bytes, b, c, bandwidth),
+            fp8=True,
+        )
+        fast_rows += fp8_rows
+        del fp8_model
+        gc.collect()
+        torch.cuda.empty_cache()
     quantized: list[dict[str, Any]] = []
     notes = ["not measured: no --quantized-batches"]
     if args.quantized_batches:
@@ -430,6 +480,7 @@ def main() -> None:
             roofline(1, args.prompt_tokens + args.fast_new_tokens / 2), 3
         ),
         **fast_info,
+        **({"fp8": fp8_info} if fp8_info else {}),
         "bitsandbytes": notes,
         "rows": rows + quantized + fast_rows,
     }

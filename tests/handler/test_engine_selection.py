@@ -14,6 +14,7 @@ from hunyuan_mt_handler import HunyuanMTHandler
 from hymt_serve.engine.codec import TokenCodec
 from hymt_serve.engine.engine import Engine, load_engine
 from hymt_serve.engine.types import GenerationRow, SamplingParams
+from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.request.prompts import build_prompt
 from hymt_serve.request.settings import Settings
@@ -124,3 +125,23 @@ def test_a_prompt_filling_the_model_context_is_served_beside_others(
     assert [context.get_response_status(i)[0] for i in range(2)] == [200, 200]
     usage = json.loads(replies[0])["usage"]  # type: ignore[index]
     assert usage == {"input_tokens": prompt, "output_tokens": positions - prompt}
+
+
+def test_fp8_runs_on_the_fast_engine_and_says_so(tiny_model_dir: Path) -> None:
+    """quantization: fp8 (the CPU runs its dequantized reference): the fast engine whatever
+    `engine: auto` would pick here, FP8 projections in the describe output, and text out."""
+    engine = load(tiny_model_dir, quantization="fp8")
+    described = engine.describe()
+    assert engine.fast and described["quantization"] == "fp8"
+    fast = described["fast"]
+    assert fast["projections"].startswith("fp8 e4m3")
+    assert fast["projection_kernel"] == "dequantized reference"
+    dense = load(tiny_model_dir, engine="fast").describe()["fast"]
+    assert fast["weight_bytes"] < dense["weight_bytes"]
+    results = engine.generate(rows_for(engine))
+    assert all(1 <= r.output_tokens <= n for r, n in zip(results, (10, 4, 7), strict=True))
+
+
+def test_fp8_has_no_transformers_fallback(tiny_model_dir: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"fp8.*fast engine"):
+        load(tiny_model_dir, quantization="fp8", engine="hf")

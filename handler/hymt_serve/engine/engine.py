@@ -31,6 +31,7 @@ from hymt_serve.engine.types import (
     GenerationRow,
     OnTokens,
 )
+from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class Engine:
         self.scheduler.close()
 
     def describe(self) -> dict[str, Any]:
-        model, config = self.loaded.model, self.loaded.model.config
+        config = self.loaded.model.config
         continuous = self.runner.can_admit(1)  # rows join a running batch
         generation: dict[str, Any] = (
             {"engine": "fast", "fast": self.runner.describe()}
@@ -114,7 +115,7 @@ class Engine:
             "model_path": str(self.settings.model_path),
             # The built-in demo model (hymt tiny-model): its output is meaningless text.
             "random_weights": (self.settings.model_path / TINY_MODEL_MARKER).is_file(),
-            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameters": self.loaded.parameters,
             "max_position_embeddings": config.max_position_embeddings,
             "stop_token_ids": sorted(self.codec.stop_ids),
             "load_seconds": round(self.loaded.seconds, 2),
@@ -158,12 +159,15 @@ def _pick_runner(
 ) -> tuple[Runner, str | None]:
     """The fast runner, or the transformers runner and why not the fast one."""
     wanted, plan = settings.engine, loaded.plan
+    fp8 = plan.quantization == "fp8"  # the fast engine's own: no fallback
+    if fp8 and wanted == "hf":
+        raise ConfigurationError("quantization 'fp8' runs on the fast engine: set engine auto")
     hf = HFRunner(loaded.model, pad_id=codec.pad_id, max_batch_size=settings.max_batch_rows)
     if wanted == "hf":
         return hf, None
-    if wanted == "auto" and plan.device.type != "cuda":
+    if wanted == "auto" and plan.device.type != "cuda" and not fp8:
         return hf, "auto: no CUDA device"
-    if plan.quantization != "none":
+    if plan.quantization in ("int8", "nf4"):
         return hf, f"quantization {plan.quantization!r} (bitsandbytes weights)"
     from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
 
@@ -172,8 +176,12 @@ def _pick_runner(
             loaded.model,
             max_batch_size=settings.max_batch_rows,
             max_seq_len=settings.max_input_tokens + settings.max_new_tokens,
+            fp8=fp8,
         )
     except UnsupportedModelError as error:
+        if fp8:
+            reason = f"quantization 'fp8' needs the fast engine: {error.reason}"
+            raise ConfigurationError(reason) from None
         return hf, error.reason
     return runner, None
 

@@ -40,11 +40,13 @@ def build_fast_runner(
     max_seq_len: int,
     use_cuda_graphs: bool | None = None,
     compile_model: bool | None = None,
+    fp8: bool = False,
 ) -> FastRunner:
     """A runner over ``model``'s weights; on CUDA compile and capture the steps' graphs.
 
     ``max_batch_size`` is capped by the free device memory (:func:`cache_rows`).
     ``compile_model`` (None = same as graphs) runs inductor over the step before capture.
+    ``fp8`` quantizes the projections to e4m3 (per-row scales, per-token inputs).
     Raises :class:`UnsupportedModelError` if the model cannot run here (or no row fits).
     """
     start = time.perf_counter()
@@ -64,7 +66,7 @@ def build_fast_runner(
     config: Any = model.config
     with torch.inference_mode():
         runner = FastRunner(
-            extract_weights(model),
+            extract_weights(model, fp8=fp8),
             shape,
             max_batch_size=rows,
             max_seq_len=max_seq_len,

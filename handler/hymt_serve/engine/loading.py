@@ -76,6 +76,8 @@ def _attention(name: str, device: torch.device) -> str:
 def _quantization(name: str, device: torch.device) -> str:
     if name == "none":
         return name
+    if name == "fp8":
+        return _fp8(device)
     if device.type != "cuda":
         raise ConfigurationError(f"quantization {name!r} needs a CUDA device (bitsandbytes)")
     if importlib.util.find_spec("bitsandbytes") is None:
@@ -86,13 +88,32 @@ def _quantization(name: str, device: torch.device) -> str:
     return name
 
 
+# FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards.
+FP8_CAPABILITY = (8, 9)
+
+
+def _fp8(device: torch.device) -> str:
+    """FP8 runs on the fast engine: ``torch._scaled_mm`` on GPUs of compute capability 8.9 and
+    later, its dequantized reference on the CPU (slow: tests and checks). Older GPUs (A10,
+    A100) are refused with what to use instead."""
+    if device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if capability < FP8_CAPABILITY:
+            raise ConfigurationError(
+                f"quantization 'fp8' needs FP8 tensor cores (compute capability 8.9 or later: "
+                f"L4, L40S, H100, H200); {torch.cuda.get_device_name(device)} has "
+                f"{capability[0]}.{capability[1]}: use quantization 'none' or 'int8' (bitsandbytes)"
+            )
+    return "fp8"
+
+
 def load_kwargs(plan: LoadPlan) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "dtype": plan.dtype,
         "low_cpu_mem_usage": True,
         "attn_implementation": plan.attention,
     }
-    if plan.quantization != "none":
+    if plan.quantization in ("int8", "nf4"):
         from transformers import BitsAndBytesConfig
 
         kwargs["device_map"] = {"": plan.device}
@@ -116,6 +137,7 @@ class LoadedModel:
     model: Any
     plan: LoadPlan
     seconds: float
+    parameters: int = 0  # counted at load (fp8 releases the model's own projection weights)
 
 
 def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
@@ -127,14 +149,14 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
         raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
     started = time.perf_counter()
     model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **load_kwargs(plan))
-    if plan.quantization == "none":
+    if plan.quantization in ("none", "fp8"):  # fp8: quantized by the fast engine
         model.to(plan.device)
     model.eval()
     _check_context(model.config, settings)
     _freeze_rope(model)
     seconds = time.perf_counter() - started
     logger.info("loaded %s in %.1f s: %s", model.config.model_type, seconds, plan.describe())
-    return LoadedModel(model, plan, seconds)
+    return LoadedModel(model, plan, seconds, sum(p.numel() for p in model.parameters()))
 
 
 def _check_context(config: Any, settings: Settings) -> None:

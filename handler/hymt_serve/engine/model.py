@@ -26,7 +26,12 @@ from hymt_serve.engine.attention import decode_attention
 
 
 class LayerWeights(NamedTuple):
-    """One decoder layer's tensors, in the order the step functions take them as arguments."""
+    """One decoder layer's tensors, in the order the step functions take them as arguments.
+
+    A projection is either a bf16/fp16/fp32 weight ``[out, in]`` (its two scales empty) or an
+    FP8 (e4m3) weight with one fp32 scale per output row and the input's scale: one fp32 value
+    (static, from calibration) or empty (dynamic: per token, at run time). See
+    :func:`linear`."""
 
     input_norm: Tensor
     qkv: Tensor  # q, k and v projections fused
@@ -36,6 +41,14 @@ class LayerWeights(NamedTuple):
     post_norm: Tensor
     gate_up: Tensor  # gate and up projections fused
     down: Tensor
+    qkv_scale: Tensor
+    o_scale: Tensor
+    gate_up_scale: Tensor
+    down_scale: Tensor
+    qkv_input: Tensor
+    o_input: Tensor
+    gate_up_input: Tensor
+    down_input: Tensor
 
 
 LAYER_TENSORS = len(LayerWeights._fields)
@@ -66,6 +79,22 @@ class ModelWeights:
     final_norm: Tensor
     lm_head: Tensor
     inv_freq: Tensor
+
+    def describe(self) -> dict[str, object]:
+        """Which weights and kernels the projections use, and the weights' size."""
+        projection = self.layers[0].qkv
+        tensors = [self.embed, self.final_norm, *(t for lw in self.layers for t in lw)]
+        if self.lm_head.data_ptr() != self.embed.data_ptr():
+            tensors.append(self.lm_head)
+        facts: dict[str, object] = {
+            "weight_bytes": sum(t.numel() * t.element_size() for t in tensors)
+        }
+        if projection.dtype == FP8:
+            facts["projections"] = "fp8 e4m3, a scale per output row, per-token input scales"
+            facts["projection_kernel"] = (
+                "torch._scaled_mm (row-wise)" if projection.is_cuda else "dequantized reference"
+            )
+        return facts
 
 
 def fuse_linears(linears: list[nn.Linear]) -> Tensor:
@@ -99,26 +128,76 @@ def pad_rows(param: nn.Parameter, multiple: int) -> Tensor:
     return padded
 
 
-def extract_weights(model: nn.Module) -> ModelWeights:
-    """Collect (and fuse) the weights of a ``HunYuanDenseV1ForCausalLM``."""
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite e4m3 value
+
+
+def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """``weight [out, in]`` as e4m3 with one fp32 scale per output row (its absolute maximum
+    over 448): ``weight ~= q.float() * scale[:, None]``."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
+    return (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor) -> Tensor:
+    """``x @ weight.T`` for a plain weight, or on FP8 tensor cores for an e4m3 one.
+
+    FP8: ``x`` is quantized to e4m3 with ``input_scale`` (static, one value) or with a scale
+    per token (its absolute maximum over 448) when ``input_scale`` is empty; the product runs
+    in ``torch._scaled_mm`` with row-wise scales and comes out in ``x``'s dtype. Inside the
+    compiled step functions inductor fuses the quantization into the kernel that makes ``x``
+    (a norm, the SiLU product). Off CUDA the same numbers go through a dequantized fp32
+    product (the reference the tests hold the kernel to).
+    """
+    if weight.dtype != FP8:
+        return F.linear(x, weight)
+    if input_scale.numel():
+        x_scale = input_scale.float().reshape(1, 1).expand(x.shape[0], 1).contiguous()
+    else:
+        x_scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
+    xq = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    if x.is_cuda:
+        return torch._scaled_mm(
+            xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), out_dtype=x.dtype
+        )
+    return F.linear(xq.float() * x_scale, weight.float() * weight_scale[:, None]).to(x.dtype)
+
+
+def extract_weights(model: nn.Module, *, fp8: bool = False) -> ModelWeights:
+    """Collect (and fuse) the weights of a ``HunYuanDenseV1ForCausalLM``; with ``fp8`` its
+    projections become e4m3 with per-row scales (dynamic per-token inputs) and the model's
+    own projection weights are released (it then serves the fast engine only)."""
     hf: Any = model
     core = hf.model
     layers: list[LayerWeights] = []
     for layer in core.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
-        gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj])
+        groups = {
+            "qkv": [attn.q_proj, attn.k_proj, attn.v_proj],
+            "o": [attn.o_proj],
+            "gate_up": [mlp.gate_proj, mlp.up_proj],
+            "down": [mlp.down_proj],
+        }
+        projections: dict[str, Tensor] = {}
+        for name, linears in groups.items():
+            fused = fuse_linears(linears) if len(linears) > 1 else linears[0].weight.detach()
+            empty = fused.new_empty(0, dtype=torch.float32)
+            if fp8:
+                projections[name], projections[f"{name}_scale"] = quantize_rows(fused)
+                for module in linears:  # the bf16 copy goes: the model keeps FP8 only
+                    module.weight.data = fused.new_empty(0)
+            else:
+                projections[name], projections[f"{name}_scale"] = fused, empty
+            projections[f"{name}_input"] = empty
         norms = (layer.input_layernorm, attn.query_layernorm, attn.key_layernorm)
         layers.append(
             LayerWeights(
                 input_norm=norms[0].weight.detach(),
-                qkv=qkv,
                 q_norm=norms[1].weight.detach(),
                 k_norm=norms[2].weight.detach(),
-                o=attn.o_proj.weight.detach(),
                 post_norm=layer.post_attention_layernorm.weight.detach(),
-                gate_up=gate_up,
-                down=mlp.down_proj.weight.detach(),
+                **projections,
             )
         )
     lm_head = pad_rows(hf.lm_head.weight, 64)
@@ -156,7 +235,7 @@ def qkv_step(
     x: Tensor, lw: LayerWeights, cos: Tensor, sin: Tensor, shape: ModelShape
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Tokens ``[N, hidden]`` -> q ``[N, H, D]``, k and v ``[N, KVH, D]`` (RoPE, then QK norm)."""
-    qkv = F.linear(rms_norm(x, lw.input_norm, shape.eps), lw.qkv)
+    qkv = linear(rms_norm(x, lw.input_norm, shape.eps), lw.qkv, lw.qkv_scale, lw.qkv_input)
     q_size, kv_size = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     q, k, v = torch.split(qkv, [q_size, kv_size, kv_size], dim=-1)
     q = q.view(-1, shape.heads, shape.head_dim)
@@ -169,9 +248,10 @@ def qkv_step(
 
 def output_step(attn: Tensor, residual: Tensor, lw: LayerWeights, eps: float) -> Tensor:
     """Attention output ``[N, H*D]`` + residual -> the layer's output ``[N, hidden]``."""
-    x = residual + F.linear(attn, lw.o)
-    gate, up = F.linear(rms_norm(x, lw.post_norm, eps), lw.gate_up).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, lw.down)
+    x = residual + linear(attn, lw.o, lw.o_scale, lw.o_input)
+    normed = rms_norm(x, lw.post_norm, eps)
+    gate, up = linear(normed, lw.gate_up, lw.gate_up_scale, lw.gate_up_input).chunk(2, dim=-1)
+    return x + linear(F.silu(gate) * up, lw.down, lw.down_scale, lw.down_input)
 
 
 def logits_step(x: Tensor, final_norm: Tensor, lm_head: Tensor, shape: ModelShape) -> Tensor:

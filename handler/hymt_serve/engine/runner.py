@@ -291,6 +291,7 @@ class FastRunner:
             "max_batch_size": self.max_batch_size,
             "max_seq_len": self.max_seq_len,
             "kv_cache_gb": round(self.kv_cache_bytes / 1e9, 3),
+            **self.weights.describe(),
             **{k: round(v, 2) for k, v in self.timings.items()},
         }
 

@@ -1,0 +1,55 @@
+"""FP8 projections on FP8 tensor cores (compute capability 8.9+): ``torch._scaled_mm`` against
+the dequantized reference, and a 7B-shaped model quantized at load against its bf16 self."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from runner_helpers import teacher_forced_logits
+from test_fast_engine_gpu import PROMPTS
+
+from hymt_serve.engine.fast import build_fast_runner
+from hymt_serve.engine.model import linear, quantize_rows
+from hymt_serve.ops.tiny_model import random_7b_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+        reason="needs a GPU with FP8 tensor cores",
+    ),
+]
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("static", [False, True])
+def test_scaled_mm_matches_the_dequantized_reference(rows: int, static: bool) -> None:
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(6144, 4096, device="cuda") * 0.02
+    q, scale = quantize_rows(weight)
+    input_scale = torch.tensor([0.01], device="cuda") if static else torch.empty(0, device="cuda")
+    ours = linear(x, q, scale, input_scale)
+    reference = linear(x.cpu(), q.cpu(), scale.cpu(), input_scale.cpu())  # the CPU path
+    assert ours.dtype == torch.bfloat16
+    error = (ours.float().cpu() - reference.float()).norm() / reference.float().norm()
+    assert error < 1e-2  # bf16 output rounding and the accumulation order
+
+
+def test_a_7b_model_in_fp8_stays_close_to_bf16() -> None:
+    model = random_7b_model("cuda")
+    dense = build_fast_runner(copy.deepcopy(model), max_batch_size=8, max_seq_len=128)
+    fp8 = build_fast_runner(model, max_batch_size=8, max_seq_len=128, fp8=True)
+    info = fp8.describe()
+    assert info["projection_kernel"] == "torch._scaled_mm (row-wise)"
+    assert info["cuda_graphs"] is True
+    assert info["weight_bytes"] < 8.5e9  # bf16: 15.0 GB
+    forced = torch.tensor([[5, 77, 301, 9]] * len(PROMPTS), device="cuda")
+    ours = teacher_forced_logits(fp8, PROMPTS, forced).flatten(0, 1)
+    theirs = teacher_forced_logits(dense, PROMPTS, forced).flatten(0, 1)
+    cosine = F.cosine_similarity(ours.double(), theirs.double(), dim=-1)
+    print("fp8 vs bf16 logits cosine", cosine.tolist())
+    assert cosine.mean() >= 0.98 and cosine.min() >= 0.95
