@@ -21,8 +21,10 @@ import torch.nn.functional as F
 from runner_helpers import teacher_forced_logits
 from test_fast_engine import PROMPTS, tiny_model
 
+from hymt_serve.engine import loading
 from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.model import FP8, FP8_MAX, linear, quantize_tensor
+from hymt_serve.request.errors import ConfigurationError
 
 
 def reference_fp8_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -92,3 +94,14 @@ def test_an_fp8_model_stays_close_to_the_unquantized_one() -> None:
     theirs = teacher_forced_logits(dense, PROMPTS, forced).flatten(0, 1)
     cosine = F.cosine_similarity(ours.double(), theirs.double(), dim=-1)
     assert cosine.mean() >= 0.98 and cosine.min() >= 0.95, cosine
+
+
+def test_gpus_without_fp8_tensor_cores_are_refused_with_what_to_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A10")
+    with pytest.raises(ConfigurationError, match=r"NVIDIA A10 has 8\.6: use .*'int8'"):
+        loading._fp8(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert loading._fp8(torch.device("cuda", 0)) == "fp8"
