@@ -27,7 +27,7 @@ from hymt_serve.request.protocol import (
     decode_body,
     parse_request,
 )
-from hymt_serve.request.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
+from hymt_serve.request.settings import FLOAT_BOUNDS, INT_BOUNDS, SAMPLING_FLOATS, Settings
 
 CAP, MAX_TEXTS, MAX_CHARS = 32, 3, 12
 SETTINGS = Settings.from_mapping(
@@ -165,7 +165,8 @@ def assert_within_limits(request: TranslationRequest, body: dict[str, Any]) -> N
     else:
         assert body["sampling"] is True
         params = vars(request.sampling)
-        for key, (low, high, _) in FLOAT_BOUNDS.items():
+        for key in SAMPLING_FLOATS:
+            low, high, _ = FLOAT_BOUNDS[key]
             assert math.isfinite(params[key]) and low < params[key] <= high
         assert INT_BOUNDS["top_k"][0] <= params["top_k"] <= INT_BOUNDS["top_k"][1]
 

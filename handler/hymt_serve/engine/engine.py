@@ -119,6 +119,13 @@ class Engine:
             "max_position_embeddings": config.max_position_embeddings,
             "stop_token_ids": sorted(self.codec.stop_ids),
             "load_seconds": round(self.loaded.seconds, 2),
+            "weights_format": (
+                self.loaded.fp8_scales.describe()
+                if self.loaded.fp8_scales
+                else "quantized to FP8 at load"
+                if self.loaded.plan.quantization == "fp8"
+                else str(self.loaded.model.dtype).removeprefix("torch.")
+            ),
             **self.loaded.plan.describe(),
         }
 
@@ -177,6 +184,7 @@ def _pick_runner(
             max_batch_size=settings.max_batch_rows,
             max_seq_len=settings.max_input_tokens + settings.max_new_tokens,
             fp8=fp8,
+            fp8_scales=loaded.fp8_scales,
         )
     except UnsupportedModelError as error:
         if fp8:

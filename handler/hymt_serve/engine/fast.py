@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from hymt_serve.engine.attention import TRITON_KERNEL, kernel_name
+from hymt_serve.engine.fp8_checkpoint import Fp8Scales
 from hymt_serve.engine.model import ModelShape, extract_weights
 from hymt_serve.engine.runner import STEP_HEADROOM, FastRunner
 
@@ -41,12 +42,14 @@ def build_fast_runner(
     use_cuda_graphs: bool | None = None,
     compile_model: bool | None = None,
     fp8: bool = False,
+    fp8_scales: Fp8Scales | None = None,
 ) -> FastRunner:
     """A runner over ``model``'s weights; on CUDA compile and capture the steps' graphs.
 
     ``max_batch_size`` is capped by the free device memory (:func:`cache_rows`).
     ``compile_model`` (None = same as graphs) runs inductor over the step before capture.
-    ``fp8`` quantizes the projections to e4m3 (per-row scales, per-token inputs).
+    ``fp8`` quantizes the projections to e4m3 (one scale each, inputs scaled at run time), or
+    with ``fp8_scales`` (an FP8 checkpoint's) takes its weights as e4m3 with those scales.
     Raises :class:`UnsupportedModelError` if the model cannot run here (or no row fits).
     """
     start = time.perf_counter()
@@ -66,7 +69,7 @@ def build_fast_runner(
     config: Any = model.config
     with torch.inference_mode():
         runner = FastRunner(
-            extract_weights(model, fp8=fp8),
+            extract_weights(model, fp8=fp8, scales=fp8_scales),
             shape,
             max_batch_size=rows,
             max_seq_len=max_seq_len,

@@ -7,12 +7,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from hymt_serve.engine.fp8_checkpoint import Fp8Scales, fp8_scheme, read_config, read_scales
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.settings import Settings
 
@@ -138,6 +139,7 @@ class LoadedModel:
     plan: LoadPlan
     seconds: float
     parameters: int = 0  # counted at load (fp8 releases the model's own projection weights)
+    fp8_scales: Fp8Scales | None = None  # an FP8 checkpoint's scales (Tencent's -fp8 models)
 
 
 def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
@@ -148,7 +150,9 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
     if not (settings.model_path / "config.json").is_file():
         raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
     started = time.perf_counter()
-    model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **load_kwargs(plan))
+    kwargs = load_kwargs(plan)
+    plan, scales = _fp8_checkpoint(settings, plan, kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **kwargs)
     if plan.quantization in ("none", "fp8"):  # fp8: quantized by the fast engine
         model.to(plan.device)
     model.eval()
@@ -156,7 +160,30 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
     _freeze_rope(model)
     seconds = time.perf_counter() - started
     logger.info("loaded %s in %.1f s: %s", model.config.model_type, seconds, plan.describe())
-    return LoadedModel(model, plan, seconds, sum(p.numel() for p in model.parameters()))
+    return LoadedModel(model, plan, seconds, sum(p.numel() for p in model.parameters()), scales)
+
+
+def _fp8_checkpoint(
+    settings: Settings, plan: LoadPlan, kwargs: dict[str, Any]
+) -> tuple[LoadPlan, Fp8Scales | None]:
+    """For an FP8 checkpoint: its scales, the plan's quantization "fp8", and a config without
+    ``quantization_config`` in ``kwargs`` (transformers then reads each FP8 weight into the
+    model's dtype, exactly; the fast engine turns it back into e4m3). Raises
+    ConfigurationError for another quantization, or one the settings contradict."""
+    raw = read_config(settings.model_path)
+    static = fp8_scheme(raw)
+    if static is None:
+        return plan, None
+    if settings.quantization not in ("none", "fp8"):
+        raise ConfigurationError(
+            f"this is an FP8 checkpoint: quantization {settings.quantization!r} cannot apply "
+            "to it (leave quantization 'none')"
+        )
+    plan = replace(plan, quantization=_fp8(plan.device))
+    config = AutoConfig.from_pretrained(settings.model_path)
+    del config.quantization_config
+    kwargs["config"] = config
+    return plan, read_scales(settings.model_path, raw, static)
 
 
 def _check_context(config: Any, settings: Settings) -> None:

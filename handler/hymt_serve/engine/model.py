@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hymt_serve.engine.attention import decode_attention
+from hymt_serve.engine.fp8_checkpoint import Fp8Scales
 
 
 class LayerWeights(NamedTuple):
@@ -171,15 +172,20 @@ def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor)
     return F.linear(xq.float() * x_scale, weight.float() * w_scale).to(x.dtype)
 
 
-def extract_weights(model: nn.Module, *, fp8: bool = False) -> ModelWeights:
+def extract_weights(
+    model: nn.Module, *, fp8: bool = False, scales: Fp8Scales | None = None
+) -> ModelWeights:
     """Collect (and fuse) the weights of a ``HunYuanDenseV1ForCausalLM``; with ``fp8`` its
     projections become e4m3 with one scale each (inputs scaled at run time) and the model's
     own projection weights are released (it then serves the fast engine only). Fused
-    projections (q/k/v, gate/up) share one scale."""
+    projections (q/k/v, gate/up) share one scale. With an FP8 checkpoint's ``scales`` the
+    model's projection weights hold e4m3 values already: they are taken as they are, those
+    of a fused group brought to its largest scale (as vLLM does), inputs scaled by the
+    group's largest static input scale."""
     hf: Any = model
     core = hf.model
     layers: list[LayerWeights] = []
-    for layer in core.layers:
+    for index, layer in enumerate(core.layers):
         attn, mlp = layer.self_attn, layer.mlp
         groups = {
             "qkv": [attn.q_proj, attn.k_proj, attn.v_proj],
@@ -187,8 +193,13 @@ def extract_weights(model: nn.Module, *, fp8: bool = False) -> ModelWeights:
             "gate_up": [mlp.gate_proj, mlp.up_proj],
             "down": [mlp.down_proj],
         }
+        names = {id(m): f"model.layers.{index}.{n}" for n, m in layer.named_modules()}
         projections: dict[str, Tensor] = {}
         for name, linears in groups.items():
+            if scales is not None:
+                modules = [names[id(m)] for m in linears]
+                projections.update(_checkpoint_group(name, linears, modules, scales))
+                continue
             fused = fuse_linears(linears) if len(linears) > 1 else linears[0].weight.detach()
             empty = fused.new_empty(0, dtype=torch.float32)
             if fp8:
@@ -216,6 +227,28 @@ def extract_weights(model: nn.Module, *, fp8: bool = False) -> ModelWeights:
         lm_head=lm_head,
         inv_freq=core.rotary_emb.inv_freq.detach().float(),
     )
+
+
+def _checkpoint_group(
+    name: str, linears: list[nn.Linear], modules: list[str], scales: Fp8Scales
+) -> dict[str, Tensor]:
+    """One fused group of an FP8 checkpoint: e4m3 weight, its scale, its input's scale."""
+    own = [scales.weight[module] for module in modules]
+    common = torch.stack(own).amax()
+    parts = [
+        (linear.weight.detach().float() * (scale.to(linear.weight.device) / common)).to(FP8)
+        for linear, scale in zip(linears, own, strict=True)
+    ]
+    device = linears[0].weight.device
+    for linear in linears:  # the model's copy (FP8 values in its dtype) goes
+        linear.weight.data = linear.weight.new_empty(0)
+    inputs = [scales.input[module] for module in modules if module in scales.input]
+    static = torch.stack(inputs).amax().reshape(1) if inputs else torch.empty(0)
+    return {
+        name: torch.cat(parts) if len(parts) > 1 else parts[0],
+        f"{name}_scale": common.reshape(1).to(device),
+        f"{name}_input": static.to(device),
+    }
 
 
 def rope_tables(inv_freq: Tensor, length: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

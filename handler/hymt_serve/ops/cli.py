@@ -30,6 +30,16 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_quantize_fp8(args: argparse.Namespace) -> int:
+    from hymt_serve.ops.quantize import write_fp8_checkpoint
+
+    out = write_fp8_checkpoint(
+        args.model_path, args.out, device=args.device, ignore_key=args.ignore_key
+    )
+    print(f"FP8 checkpoint written to {out} (serve it as it is: quantization stays 'none')")
+    return 0
+
+
 def _cmd_archive(args: argparse.Namespace) -> int:
     from hymt_serve.ops.archive import build_archive, parse_override
 
@@ -232,6 +242,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokenizer.json, or hy.tiktoken with a remote-code config (older repositories)",
     )
     tiny.set_defaults(func=_cmd_tiny_model)
+
+    quantize = sub.add_parser(
+        "quantize-fp8",
+        help="write a bf16 model folder as an FP8 checkpoint in Tencent's published format",
+    )
+    quantize.add_argument("--model-path", type=Path, required=True)
+    quantize.add_argument("--out", type=Path, required=True)
+    quantize.add_argument("--device", default="cpu", help="where to calibrate (cpu, cuda)")
+    quantize.add_argument(
+        "--ignore-key",
+        choices=("ignored_layers", "ignore"),
+        default="ignored_layers",
+        help="the published configs' spelling, or compressed-tensors' own",
+    )
+    quantize.set_defaults(func=_cmd_quantize_fp8)
 
     archive = sub.add_parser("archive", help="build the model archive into the model store")
     archive.add_argument("--model-path", type=Path, required=True)
