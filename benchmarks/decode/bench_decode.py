@@ -229,14 +229,15 @@ def quantized_engine_rows(
     return rows
 
 
-def fp8_weight_bytes(model: PreTrainedModel) -> int:
-    """What the weights read per step once the decoder's projections are FP8: 1 byte for each
-    projection weight (plus its scales), 2 for the rest (embeddings, norms; tied LM head)."""
+def quantized_weight_bytes(model: PreTrainedModel, per_row_scales: bool) -> int:
+    """What the weights read per step once the decoder's projections take 1 byte a weight
+    (plus a 4-byte scale per output row for int8), 2 for the rest (embeddings, norms; tied
+    LM head)."""
     total = 0
     for name, param in model.named_parameters():
         projection = param.dim() == 2 and ".layers." in name
         total += param.numel() * (1 if projection else param.element_size())
-        total += param.shape[0] * 4 if projection else 0
+        total += param.shape[0] * 4 if projection and per_row_scales else 0
     return total
 
 
@@ -309,20 +310,23 @@ def summary(report: dict[str, Any]) -> list[str]:
             f"{share:.0%} of the roofline rate end to end ({steady:.0%} per step).",
             "",
         ]
-    for batch in (1, 128):
-        if ("fast-fp8", batch) in by and ("fast", batch) in by:
-            fp8, bf16 = by["fast-fp8", batch]["ms_per_step"], by["fast", batch]["ms_per_step"]
+    for quantize in ("fp8", "int8"):
+        for batch in (1, 128):
+            if (f"fast-{quantize}", batch) in by and ("fast", batch) in by:
+                ours = by[f"fast-{quantize}", batch]["ms_per_step"]
+                bf16 = by["fast", batch]["ms_per_step"]
+                lines += [
+                    f"{quantize} batch {batch}: {ours} ms/step against bf16's {bf16} "
+                    f"({bf16 / ours:.2f} x).",
+                    "",
+                ]
+        if quantize in report:
+            engine = report[quantize]["fast_engine"]
             lines += [
-                f"FP8 batch {batch}: {fp8} ms/step against bf16's {bf16} ({bf16 / fp8:.2f} x).",
+                f"{quantize} ready time {report[quantize]['ready_s']} s (bf16 "
+                f"{report['ready_s']} s); weights {engine['weight_bytes'] / 1e9:.2f} GB.",
                 "",
             ]
-    if "fp8" in report:
-        fp8_engine = report["fp8"]["fast_engine"]
-        lines += [
-            f"FP8 ready time {report['fp8']['ready_s']} s (bf16 {report['ready_s']} s); weights "
-            f"{fp8_engine['weight_bytes'] / 1e9:.2f} GB.",
-            "",
-        ]
     return lines
 
 
@@ -333,7 +337,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    styles = {"hf": "o-", "hf-runner": "D-", "fast": "s-", "fast-fp8": "P-", "hf-int8": "v:"}
+    styles = {"hf": "o-", "hf-runner": "D-", "fast": "s-", "fast-fp8": "P-", "fast-int8": "X-"}
+    styles["hf-int8"] = "v:"
     styles["hf-nf4"] = "^:"
     for engine, style in styles.items():
         rows = [r for r in report["rows"] if r["engine"] == engine]
@@ -375,7 +380,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quantized-new-tokens", type=int, default=16)
     parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/hymt-7b-random"))
     parser.add_argument(
-        "--fp8", action="store_true", help="also the fast engine with quantization: fp8"
+        "--fast-quantization",
+        nargs="*",
+        choices=("fp8", "int8"),
+        default=[],
+        help="also the fast engine with these quantizations (a fresh model each)",
     )
     return parser.parse_args()
 
@@ -397,20 +406,20 @@ def fast_section(
     model: PreTrainedModel,
     args: argparse.Namespace,
     roofline: Callable[[int, float], float],
-    fp8: bool = False,
+    quantize: str = "none",
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Build the fast engine over ``model`` (fusing its weights in place; ``fp8``: quantizing
-    them) and time it."""
+    """Build the fast engine over ``model`` (fusing its weights in place; ``quantize``:
+    quantizing them) and time it."""
     start = time.perf_counter()
     max_seq_len = args.prompt_tokens + args.fast_new_tokens
     fast = build_fast_runner(
-        model, max_batch_size=max(args.batches), max_seq_len=max_seq_len, fp8=fp8
+        model, max_batch_size=max(args.batches), max_seq_len=max_seq_len, quantize=quantize
     )
     ready_s = time.perf_counter() - start
     scheduler = Scheduler(fast, (), _ids, max_seq_len=max_seq_len)
     print(f"fast engine ready in {ready_s:.1f} s: {fast.describe()}", flush=True)
     runs = partial(fast_runner, scheduler)
-    name = "fast-fp8" if fp8 else "fast"
+    name = "fast" if quantize == "none" else f"fast-{quantize}"
     rows = engine_rows(name, runs, args, args.fast_new_tokens, roofline)
     for row in rows:
         row["graph_ms_per_step"] = round(graph_step_ms(fast, row["batch_size"]), 3)
@@ -446,18 +455,18 @@ def main() -> None:
     gc.collect()
     torch.cuda.empty_cache()
     print(f"GPU memory still allocated: {torch.cuda.memory_allocated() / 1e9:.2f} GB", flush=True)
-    fp8_info: dict[str, Any] = {}
-    if args.fp8:  # a fresh model (the bf16 one's weights were fused), quantized at build
-        fp8_model = build_model()
-        fp8_bytes = fp8_weight_bytes(fp8_model)
-        fp8_rows, fp8_info = fast_section(
-            fp8_model,
+    quantized_info: dict[str, Any] = {}
+    for quantize in args.fast_quantization:  # a fresh model each (the last one's was fused)
+        fresh = build_model()
+        fresh_bytes = quantized_weight_bytes(fresh, per_row_scales=quantize == "int8")
+        fresh_rows, quantized_info[quantize] = fast_section(
+            fresh,
             args,
-            lambda b, c: roofline_ms(fp8_bytes, b, c, bandwidth),
-            fp8=True,
+            lambda b, c, n=fresh_bytes: roofline_ms(n, b, c, bandwidth),  # type: ignore[misc]
+            quantize=quantize,
         )
-        fast_rows += fp8_rows
-        del fp8_model
+        fast_rows += fresh_rows
+        del fresh
         gc.collect()
         torch.cuda.empty_cache()
     quantized: list[dict[str, Any]] = []
@@ -480,7 +489,7 @@ def main() -> None:
             roofline(1, args.prompt_tokens + args.fast_new_tokens / 2), 3
         ),
         **fast_info,
-        **({"fp8": fp8_info} if fp8_info else {}),
+        **quantized_info,
         "bitsandbytes": notes,
         "rows": rows + quantized + fast_rows,
     }

@@ -46,7 +46,7 @@ def test_a_7b_model_in_fp8_stays_close_to_bf16() -> None:
     above; this bound catches a projection gone wrong (a wrong scale or layout gives ~0)."""
     model = random_7b_model("cuda")
     dense = build_fast_runner(copy.deepcopy(model), max_batch_size=8, max_seq_len=128)
-    fp8 = build_fast_runner(model, max_batch_size=8, max_seq_len=128, fp8=True)
+    fp8 = build_fast_runner(model, max_batch_size=8, max_seq_len=128, quantize="fp8")
     info = fp8.describe()
     assert info["projection_kernel"] == "torch._scaled_mm (tensor-wise)"
     assert info["cuda_graphs"] is True

@@ -82,7 +82,7 @@ def test_plain_weights_take_the_plain_product() -> None:
 def test_an_fp8_model_stays_close_to_the_unquantized_one() -> None:
     model = tiny_model()
     dense = build_fast_runner(copy.deepcopy(model), max_batch_size=4, max_seq_len=64)
-    fp8 = build_fast_runner(model, max_batch_size=4, max_seq_len=64, fp8=True)
+    fp8 = build_fast_runner(model, max_batch_size=4, max_seq_len=64, quantize="fp8")
     assert fp8.weights.layers[0].qkv.dtype == FP8
     assert model.model.layers[0].self_attn.q_proj.weight.numel() == 0  # the dense copy is gone
     described = fp8.describe()

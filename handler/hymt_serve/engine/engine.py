@@ -21,7 +21,7 @@ from typing import Any
 
 from hymt_serve.engine.codec import TokenCodec
 from hymt_serve.engine.hf import HFRunner
-from hymt_serve.engine.loading import LoadedModel, load_model
+from hymt_serve.engine.loading import BITSANDBYTES, FAST_QUANTIZATION, LoadedModel, load_model
 from hymt_serve.engine.runner import Runner
 from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import (
@@ -122,8 +122,8 @@ class Engine:
             "weights_format": (
                 self.loaded.fp8_scales.describe()
                 if self.loaded.fp8_scales
-                else "quantized to FP8 at load"
-                if self.loaded.plan.quantization == "fp8"
+                else f"quantized to {self.loaded.plan.quantization} at load"
+                if self.loaded.plan.quantization in FAST_QUANTIZATION
                 else str(self.loaded.model.dtype).removeprefix("torch.")
             ),
             **self.loaded.plan.describe(),
@@ -166,15 +166,17 @@ def _pick_runner(
 ) -> tuple[Runner, str | None]:
     """The fast runner, or the transformers runner and why not the fast one."""
     wanted, plan = settings.engine, loaded.plan
-    fp8 = plan.quantization == "fp8"  # the fast engine's own: no fallback
-    if fp8 and wanted == "hf":
-        raise ConfigurationError("quantization 'fp8' runs on the fast engine: set engine auto")
+    own = plan.quantization in FAST_QUANTIZATION  # the fast engine's own: no fallback
+    if own and wanted == "hf":
+        raise ConfigurationError(
+            f"quantization {plan.quantization!r} runs on the fast engine: set engine auto"
+        )
     hf = HFRunner(loaded.model, pad_id=codec.pad_id, max_batch_size=settings.max_batch_rows)
     if wanted == "hf":
         return hf, None
-    if wanted == "auto" and plan.device.type != "cuda" and not fp8:
+    if wanted == "auto" and plan.device.type != "cuda" and not own:
         return hf, "auto: no CUDA device"
-    if plan.quantization in ("int8", "nf4"):
+    if plan.quantization in BITSANDBYTES:
         return hf, f"quantization {plan.quantization!r} (bitsandbytes weights)"
     from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
 
@@ -183,12 +185,12 @@ def _pick_runner(
             loaded.model,
             max_batch_size=settings.max_batch_rows,
             max_seq_len=settings.max_input_tokens + settings.max_new_tokens,
-            fp8=fp8,
+            quantize=plan.quantization if own else "none",
             fp8_scales=loaded.fp8_scales,
         )
     except UnsupportedModelError as error:
-        if fp8:
-            reason = f"quantization 'fp8' needs the fast engine: {error.reason}"
+        if own:
+            reason = f"quantization {plan.quantization!r} needs the fast engine: {error.reason}"
             raise ConfigurationError(reason) from None
         return hf, error.reason
     return runner, None

@@ -41,15 +41,16 @@ def build_fast_runner(
     max_seq_len: int,
     use_cuda_graphs: bool | None = None,
     compile_model: bool | None = None,
-    fp8: bool = False,
+    quantize: str = "none",
     fp8_scales: Fp8Scales | None = None,
 ) -> FastRunner:
     """A runner over ``model``'s weights; on CUDA compile and capture the steps' graphs.
 
     ``max_batch_size`` is capped by the free device memory (:func:`cache_rows`).
     ``compile_model`` (None = same as graphs) runs inductor over the step before capture.
-    ``fp8`` quantizes the projections to e4m3 (one scale each, inputs scaled at run time), or
-    with ``fp8_scales`` (an FP8 checkpoint's) takes its weights as e4m3 with those scales.
+    ``quantize`` "fp8" makes the projections e4m3 (one scale each, inputs scaled at run
+    time; with ``fp8_scales``, an FP8 checkpoint's, its weights as they are), "int8" int8
+    weights with a scale per output row (weight-only).
     Raises :class:`UnsupportedModelError` if the model cannot run here (or no row fits).
     """
     start = time.perf_counter()
@@ -69,7 +70,7 @@ def build_fast_runner(
     config: Any = model.config
     with torch.inference_mode():
         runner = FastRunner(
-            extract_weights(model, fp8=fp8, scales=fp8_scales),
+            extract_weights(model, quantize=quantize, scales=fp8_scales),
             shape,
             max_batch_size=rows,
             max_seq_len=max_seq_len,

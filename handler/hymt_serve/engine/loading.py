@@ -79,6 +79,8 @@ def _quantization(name: str, device: torch.device) -> str:
         return name
     if name == "fp8":
         return _fp8(device)
+    if name == "int8":  # the fast engine's own weight-only int8: any device
+        return name
     if device.type != "cuda":
         raise ConfigurationError(f"quantization {name!r} needs a CUDA device (bitsandbytes)")
     if importlib.util.find_spec("bitsandbytes") is None:
@@ -89,6 +91,8 @@ def _quantization(name: str, device: torch.device) -> str:
     return name
 
 
+BITSANDBYTES = ("bnb-int8", "nf4")  # quantized by transformers at load (the hf engine)
+FAST_QUANTIZATION = ("fp8", "int8")  # quantized by the fast engine at build
 # FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards.
 FP8_CAPABILITY = (8, 9)
 
@@ -103,7 +107,7 @@ def _fp8(device: torch.device) -> str:
             raise ConfigurationError(
                 f"quantization 'fp8' needs FP8 tensor cores (compute capability 8.9 or later: "
                 f"L4, L40S, H100, H200); {torch.cuda.get_device_name(device)} has "
-                f"{capability[0]}.{capability[1]}: use quantization 'none' or 'int8' (bitsandbytes)"
+                f"{capability[0]}.{capability[1]}: use quantization 'int8' (weight-only) or 'none'"
             )
     return "fp8"
 
@@ -114,13 +118,13 @@ def load_kwargs(plan: LoadPlan) -> dict[str, Any]:
         "low_cpu_mem_usage": True,
         "attn_implementation": plan.attention,
     }
-    if plan.quantization in ("int8", "nf4"):
+    if plan.quantization in BITSANDBYTES:
         from transformers import BitsAndBytesConfig
 
         kwargs["device_map"] = {"": plan.device}
         kwargs["quantization_config"] = (
             BitsAndBytesConfig(load_in_8bit=True)
-            if plan.quantization == "int8"
+            if plan.quantization == "bnb-int8"
             else BitsAndBytesConfig(
                 load_in_4bit=True,
                 bnb_4bit_quant_type="nf4",
@@ -153,7 +157,7 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
     kwargs = load_kwargs(plan)
     plan, scales = _fp8_checkpoint(settings, plan, kwargs)
     model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **kwargs)
-    if plan.quantization in ("none", "fp8"):  # fp8: quantized by the fast engine
+    if plan.quantization not in BITSANDBYTES:  # fp8, int8: quantized by the fast engine
         model.to(plan.device)
     model.eval()
     _check_context(model.config, settings)

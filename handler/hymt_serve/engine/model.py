@@ -90,6 +90,9 @@ class ModelWeights:
         facts: dict[str, object] = {
             "weight_bytes": sum(t.numel() * t.element_size() for t in tensors)
         }
+        if projection.dtype == torch.int8:
+            facts["projections"] = "int8 weight-only, a scale per output row"
+            facts["projection_kernel"] = "int8 weights cast inside the compiled product"
         if projection.dtype == FP8:
             static = self.layers[0].qkv_input.numel() > 0
             facts["projections"] = (
@@ -157,6 +160,8 @@ def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor)
     (benchmarks/decode/fp8_gemm.py). Off CUDA the same numbers go through a dequantized fp32
     product (the reference the tests hold the kernel to).
     """
+    if weight.dtype == torch.int8:  # weight-only: the cast fuses into the compiled product
+        return F.linear(x, weight.to(x.dtype)) * weight_scale.to(x.dtype)
     if weight.dtype != FP8:
         return F.linear(x, weight)
     if input_scale.numel():
@@ -172,11 +177,23 @@ def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor)
     return F.linear(xq.float() * x_scale, weight.float() * w_scale).to(x.dtype)
 
 
+def quantize_int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """``weight [out, in]`` as int8 with one fp32 scale per output row (its absolute maximum
+    over 127): ``weight ~= q.float() * scale[:, None]``."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+
+
+QUANTIZERS = {"fp8": quantize_tensor, "int8": quantize_int8_rows}
+
+
 def extract_weights(
-    model: nn.Module, *, fp8: bool = False, scales: Fp8Scales | None = None
+    model: nn.Module, *, quantize: str = "none", scales: Fp8Scales | None = None
 ) -> ModelWeights:
-    """Collect (and fuse) the weights of a ``HunYuanDenseV1ForCausalLM``; with ``fp8`` its
-    projections become e4m3 with one scale each (inputs scaled at run time) and the model's
+    """Collect (and fuse) the weights of a ``HunYuanDenseV1ForCausalLM``; with ``quantize``
+    "fp8" its projections become e4m3 with one scale each (inputs scaled at run time), with
+    "int8" int8 with a scale per output row (weight-only); either way the model's
     own projection weights are released (it then serves the fast engine only). Fused
     projections (q/k/v, gate/up) share one scale. With an FP8 checkpoint's ``scales`` the
     model's projection weights hold e4m3 values already: they are taken as they are, those
@@ -202,8 +219,8 @@ def extract_weights(
                 continue
             fused = fuse_linears(linears) if len(linears) > 1 else linears[0].weight.detach()
             empty = fused.new_empty(0, dtype=torch.float32)
-            if fp8:
-                projections[name], projections[f"{name}_scale"] = quantize_tensor(fused)
+            if quantize != "none":
+                projections[name], projections[f"{name}_scale"] = QUANTIZERS[quantize](fused)
                 for module in linears:  # the bf16 copy goes: the model keeps FP8 only
                     module.weight.data = fused.new_empty(0)
             else:

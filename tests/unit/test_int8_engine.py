@@ -1,0 +1,49 @@
+"""int8 weight-only projections in the fast engine (``quantization: int8``, for GPUs without
+FP8 tensor cores): per-row scales, the product against a float64 reference, and the model
+against its unquantized self (the measure and bounds of test_fp8_engine)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from runner_helpers import teacher_forced_logits
+from test_fast_engine import PROMPTS, tiny_model
+
+from hymt_serve.engine.fast import build_fast_runner
+from hymt_serve.engine.model import linear, quantize_int8_rows
+
+
+def test_rows_quantize_to_int8_within_half_a_step() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(40, 64) * torch.logspace(-3, 1, 40)[:, None]
+    q, scale = quantize_int8_rows(weight)
+    assert q.dtype == torch.int8 and scale.shape == (40,)
+    assert (q.abs().amax(dim=1) == 127).all()
+    back = q.float() * scale[:, None]
+    assert ((back - weight).abs() <= scale[:, None] / 2 + 1e-7).all()
+
+
+def test_the_int8_product_is_the_dequantized_reference() -> None:
+    torch.manual_seed(1)
+    x, weight = torch.randn(6, 64), torch.randn(32, 64)
+    q, scale = quantize_int8_rows(weight)
+    ours = linear(x, q, scale, torch.empty(0))
+    expected = x.double() @ (q.double() * scale.double()[:, None]).T
+    torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_int8_model_stays_close_to_the_unquantized_one() -> None:
+    model = tiny_model()
+    dense = build_fast_runner(copy.deepcopy(model), max_batch_size=4, max_seq_len=64)
+    int8 = build_fast_runner(model, max_batch_size=4, max_seq_len=64, quantize="int8")
+    assert int8.weights.layers[0].gate_up.dtype == torch.int8
+    described = int8.describe()
+    assert described["projections"] == "int8 weight-only, a scale per output row"
+    assert described["weight_bytes"] < dense.describe()["weight_bytes"]
+    forced = torch.tensor([[5, 77, 301, 9, 14, 200], [400, 2, 18, 18, 7, 7], [3, 4, 5, 6, 7, 8]])
+    ours = teacher_forced_logits(int8, PROMPTS, forced).flatten(0, 1)
+    theirs = teacher_forced_logits(dense, PROMPTS, forced).flatten(0, 1)
+    cosine = F.cosine_similarity(ours.double(), theirs.double(), dim=-1)
+    assert cosine.mean() >= 0.99 and cosine.min() >= 0.98, cosine  # int8 rounds finer than e4m3
