@@ -119,15 +119,20 @@ class Engine:
             "max_position_embeddings": config.max_position_embeddings,
             "stop_token_ids": sorted(self.codec.stop_ids),
             "load_seconds": round(self.loaded.seconds, 2),
-            "weights_format": (
-                self.loaded.fp8_scales.describe()
-                if self.loaded.fp8_scales
-                else f"quantized to {self.loaded.plan.quantization} at load"
-                if self.loaded.plan.quantization in FAST_QUANTIZATION
-                else str(self.loaded.model.dtype).removeprefix("torch.")
-            ),
+            "weights_format": _weights_format_of(self.loaded),
             **self.loaded.plan.describe(),
         }
+
+
+def _weights_format_of(loaded: LoadedModel) -> str:
+    """How the weights came (dtype, or the quantized checkpoint's format) and what became of
+    them at load."""
+    if loaded.fp8_scales is not None:
+        return loaded.fp8_scales.describe()
+    parts = [loaded.checkpoint_format or str(loaded.model.dtype).removeprefix("torch.")]
+    if loaded.plan.quantization in FAST_QUANTIZATION:
+        parts.append(f"quantized to {loaded.plan.quantization} at load")
+    return ", then ".join(parts)
 
 
 def load_engine(

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales, fp8_scheme, read_config, read_scales
+from hymt_serve.engine.gptq_checkpoint import gptq_config, load_gptq_weights
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.settings import Settings
 
@@ -144,6 +145,7 @@ class LoadedModel:
     seconds: float
     parameters: int = 0  # counted at load (fp8 releases the model's own projection weights)
     fp8_scales: Fp8Scales | None = None  # an FP8 checkpoint's scales (Tencent's -fp8 models)
+    checkpoint_format: str | None = None  # what a quantized checkpoint was, and what became of it
 
 
 def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
@@ -155,8 +157,13 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
         raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
     started = time.perf_counter()
     kwargs = load_kwargs(plan)
+    raw = read_config(settings.model_path)
+    gptq = _gptq_checkpoint(settings, raw, kwargs)
     plan, scales = _fp8_checkpoint(settings, plan, kwargs)
     model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **kwargs)
+    if gptq:
+        count = load_gptq_weights(model, settings.model_path)
+        logger.info("dequantized %d GPTQ-Int4 projections at load", count)
     if plan.quantization not in BITSANDBYTES:  # fp8, int8: quantized by the fast engine
         model.to(plan.device)
     model.eval()
@@ -164,7 +171,32 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
     _freeze_rope(model)
     seconds = time.perf_counter() - started
     logger.info("loaded %s in %.1f s: %s", model.config.model_type, seconds, plan.describe())
-    return LoadedModel(model, plan, seconds, sum(p.numel() for p in model.parameters()), scales)
+    parameters = sum(p.numel() for p in model.parameters())
+    described = (
+        scales.describe()
+        if scales
+        else "GPTQ-Int4 checkpoint, dequantized at load (no int4 kernel yet)"
+        if gptq
+        else None
+    )
+    return LoadedModel(model, plan, seconds, parameters, scales, described)
+
+
+def _gptq_checkpoint(settings: Settings, raw: dict[str, Any], kwargs: dict[str, Any]) -> bool:
+    """For a GPTQ-Int4 checkpoint: a config without ``quantization_config`` in ``kwargs`` (its
+    projections are dequantized after the load). Raises ConfigurationError for a GPTQ variant
+    this loader cannot read, or bitsandbytes asked on top of it."""
+    if gptq_config(raw) is None:
+        return False
+    if settings.quantization in BITSANDBYTES:
+        raise ConfigurationError(
+            f"this is a GPTQ-Int4 checkpoint: quantization {settings.quantization!r} cannot "
+            "apply to it (leave quantization 'none')"
+        )
+    config = AutoConfig.from_pretrained(settings.model_path)
+    del config.quantization_config
+    kwargs["config"] = config
+    return True
 
 
 def _fp8_checkpoint(
@@ -175,6 +207,8 @@ def _fp8_checkpoint(
     model's dtype, exactly; the fast engine turns it back into e4m3). Raises
     ConfigurationError for another quantization, or one the settings contradict."""
     raw = read_config(settings.model_path)
+    if gptq_config(raw) is not None:
+        return plan, None
     static = fp8_scheme(raw)
     if static is None:
         return plan, None

@@ -1,5 +1,8 @@
-"""``hymt quantize-fp8``: a bf16 model folder written as an FP8 checkpoint in the format Tencent
-publishes its -fp8 models in (AngelSlim's export; see :mod:`hymt_serve.engine.fp8_checkpoint`).
+"""Quantized checkpoints in the formats Tencent publishes, written from a bf16 model folder:
+``hymt quantize-fp8`` (the -fp8 models: AngelSlim's export, see
+:mod:`hymt_serve.engine.fp8_checkpoint`) and :func:`write_gptq_checkpoint` (the GPTQ-Int4
+models' layout, :mod:`hymt_serve.engine.gptq_checkpoint`; round-to-nearest, not GPTQ's
+error-compensating search: a writer of the format for tests, not a rival quantizer).
 
 Our own quantizer, following that format: every decoder projection's weight becomes
 ``float8_e4m3fn`` with ``weight_scale`` = its absolute maximum / 448 (float32, ``[1]``), and its
@@ -89,11 +92,7 @@ def write_fp8_checkpoint(
             tensors[f"{module}.input_scale"] = input_scale.reshape(1).to(torch.bfloat16).cpu()
         else:
             tensors[name] = tensor.to(torch.bfloat16).contiguous().cpu()
-    out.mkdir(parents=True, exist_ok=True)
-    for path in source.iterdir():  # tokenizer, chat template, generation config, markers
-        weights = path.suffix == ".safetensors" or path.name.endswith(".safetensors.index.json")
-        if path.is_file() and path.name != "config.json" and not weights:
-            shutil.copy2(path, out / path.name)
+    _copy_folder(source, out)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((source / "config.json").read_text())
     config.update(dtype="bfloat16", quantization_config=quantization_config(ignore_key))
@@ -143,3 +142,77 @@ def _prompts(source: Path) -> list[list[int]]:
     return [
         codec.encode(build_prompt(text, None, LANGUAGES[target])[0]) for text, target in CALIBRATION
     ]
+
+
+GPTQ_GROUP = 128
+
+
+def gptq_quantization_config() -> dict[str, Any]:
+    """The ``quantization_config`` AngelSlim's ``GPTQ.save`` writes for HY-MT1.5-GPTQ-Int4."""
+    return {
+        "bits": 4,
+        "checkpoint_format": "gptq",
+        "desc_act": True,
+        "group_size": GPTQ_GROUP,
+        "quant_method": "gptq",
+        "static_groups": True,
+        "sym": True,
+        "true_sequential": True,
+    }
+
+
+def gptq_pack(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One projection ``[out, in]`` as GPTQ's parts: symmetric 4-bit per (group of 128 input
+    columns, output row), round to nearest; zero point 8, stored minus one."""
+    out_features, in_features = weight.shape
+    groups = -(-in_features // GPTQ_GROUP)
+    g_idx = torch.arange(in_features, dtype=torch.int32) // GPTQ_GROUP
+    w = weight.float().T  # [in, out]
+    peak = torch.stack([w[g_idx == g].abs().amax(dim=0) for g in range(groups)])  # [groups, out]
+    scales = (2 * peak / 15).clamp(min=1e-8).to(torch.float16)
+    q = (w / scales.float()[g_idx.long()]).round().add(8).clamp(0, 15).to(torch.int32)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    qweight = (q.reshape(in_features // 8, 8, out_features) << shifts[None, :, None]).sum(1)
+    zeros = torch.full((groups, out_features), 8 - 1, dtype=torch.int32)
+    qzeros = (zeros.reshape(groups, out_features // 8, 8) << shifts[None, None, :]).sum(2)
+    return {
+        "qweight": qweight.to(torch.int32),
+        "qzeros": qzeros.to(torch.int32),
+        "scales": scales,
+        "g_idx": g_idx,
+    }
+
+
+def write_gptq_checkpoint(source: Path, out: Path) -> Path:
+    """Write ``source`` (a model folder) to ``out`` in the GPTQ-Int4 layout: every decoder
+    projection as ``qweight``/``qzeros``/``scales``/``g_idx``, the rest bf16."""
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
+    tensors: dict[str, torch.Tensor] = {}
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    for name, tensor in model.state_dict().items():
+        module, _, leaf = name.rpartition(".")
+        if tied and name == "lm_head.weight":
+            continue
+        if leaf == "weight" and module.endswith(PROJECTIONS):
+            for part, value in gptq_pack(tensor).items():
+                tensors[f"{module}.{part}"] = value.contiguous()
+        else:
+            tensors[name] = tensor.to(torch.bfloat16).contiguous()
+    _copy_folder(source, out)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    config.update(dtype="bfloat16", quantization_config=gptq_quantization_config())
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def _copy_folder(source: Path, out: Path) -> None:
+    """Every file of ``source`` but its weights and config.json (tokenizer, chat template,
+    generation config, markers)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        weights = path.suffix == ".safetensors" or path.name.endswith(".safetensors.index.json")
+        if path.is_file() and path.name != "config.json" and not weights:
+            shutil.copy2(path, out / path.name)
