@@ -151,7 +151,7 @@ def test_settings_that_contradict_the_checkpoint_are_refused(fp8_dir: Path) -> N
     )
     plan = loading.LoadPlan(torch.device("cuda", 0), torch.bfloat16, "sdpa", "nf4")
     with pytest.raises(ConfigurationError, match="FP8 checkpoint: quantization 'nf4'"):
-        loading._fp8_checkpoint(settings, plan, {})
+        loading._fp8_checkpoint(settings, plan, loading.read_config(fp8_dir), {})
 
 
 def test_a_projection_stored_without_its_scale_is_refused(fp8_dir: Path, tmp_path: Path) -> None:

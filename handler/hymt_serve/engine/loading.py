@@ -159,7 +159,7 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
     kwargs = load_kwargs(plan)
     raw = read_config(settings.model_path)
     gptq = _gptq_checkpoint(settings, raw, kwargs)
-    plan, scales = _fp8_checkpoint(settings, plan, kwargs)
+    plan, scales = (plan, None) if gptq else _fp8_checkpoint(settings, plan, raw, kwargs)
     model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **kwargs)
     if gptq:
         count = load_gptq_weights(model, settings.model_path)
@@ -200,15 +200,12 @@ def _gptq_checkpoint(settings: Settings, raw: dict[str, Any], kwargs: dict[str, 
 
 
 def _fp8_checkpoint(
-    settings: Settings, plan: LoadPlan, kwargs: dict[str, Any]
+    settings: Settings, plan: LoadPlan, raw: dict[str, Any], kwargs: dict[str, Any]
 ) -> tuple[LoadPlan, Fp8Scales | None]:
     """For an FP8 checkpoint: its scales, the plan's quantization "fp8", and a config without
     ``quantization_config`` in ``kwargs`` (transformers then reads each FP8 weight into the
     model's dtype, exactly; the fast engine turns it back into e4m3). Raises
     ConfigurationError for another quantization, or one the settings contradict."""
-    raw = read_config(settings.model_path)
-    if gptq_config(raw) is not None:
-        return plan, None
     static = fp8_scheme(raw)
     if static is None:
         return plan, None
