@@ -92,7 +92,7 @@ class ModelWeights:
         }
         if projection.dtype == torch.int8:
             facts["projections"] = "int8 weight-only, a scale per output row"
-            facts["projection_kernel"] = "int8 weights cast inside the compiled product"
+            facts["projection_kernel"] = "int8 weights cast to the input's dtype, dense product"
         if projection.dtype == FP8:
             static = self.layers[0].qkv_input.numel() > 0
             facts["projections"] = (
@@ -148,7 +148,8 @@ def quantize_tensor(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor) -> Tensor:
-    """``x @ weight.T`` for a plain weight, or on FP8 tensor cores for an e4m3 one.
+    """``x @ weight.T`` for a plain weight, on FP8 tensor cores for an e4m3 one, and through
+    a cast for an int8 one (weight-only, a scale per output row).
 
     FP8 (tensor-wise, as the published FP8 checkpoints are): ``weight_scale`` is one value,
     and ``x`` is quantized to e4m3 with ``input_scale`` (static, one value) or, when that is
@@ -160,7 +161,7 @@ def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor)
     (benchmarks/decode/fp8_gemm.py). Off CUDA the same numbers go through a dequantized fp32
     product (the reference the tests hold the kernel to).
     """
-    if weight.dtype == torch.int8:  # weight-only: the cast fuses into the compiled product
+    if weight.dtype == torch.int8:  # weight-only; inductor does not fuse this cast (yet)
         return F.linear(x, weight.to(x.dtype)) * weight_scale.to(x.dtype)
     if weight.dtype != FP8:
         return F.linear(x, weight)
@@ -221,7 +222,7 @@ def extract_weights(
             empty = fused.new_empty(0, dtype=torch.float32)
             if quantize != "none":
                 projections[name], projections[f"{name}_scale"] = QUANTIZERS[quantize](fused)
-                for module in linears:  # the bf16 copy goes: the model keeps FP8 only
+                for module in linears:  # the dense copy goes: the model keeps the quantized one
                     module.weight.data = fused.new_empty(0)
             else:
                 projections[name], projections[f"{name}_scale"] = fused, empty
