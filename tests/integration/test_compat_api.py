@@ -136,3 +136,55 @@ def test_bad_bodies(front: tuple[str, str]) -> None:
     assert missing.status_code == 400 and "'text'" in missing.json()["message"]
     not_object = requests.post(f"{url}translate", json=["q"])
     assert not_object.status_code == 400 and "error" in not_object.json()
+
+
+MARKDOWN = "# Notes\n\nFirst paragraph. Second sentence.\n\n```\nkeep = 1\n```\n\n- an item\n"
+SUBTITLES = (
+    "1\r\n00:00:01,000 --> 00:00:02,000\r\nHello.\r\n\r\n"
+    "2\r\n00:00:03,000 --> 00:00:04,000\r\nBye.\r\n"
+)
+
+
+@pytest.mark.parametrize(("name", "content"), [("notes.md", MARKDOWN), ("film.srt", SUBTITLES)])
+def test_deepl_client_translates_documents(
+    front: tuple[str, str], tmp_path: Path, name: str, content: str
+) -> None:
+    """translate_document_from_filepath: upload, poll, download, unchanged client."""
+    url, key = front
+    source, target = tmp_path / name, tmp_path / f"out-{name}"
+    source.write_bytes(content.encode())
+    client = deepl.Translator(key, server_url=url)
+    before = client.get_usage().character.count
+    status = client.translate_document_from_filepath(source, target, target_lang="DE")
+    assert status.done and status.billed_characters == len(content)
+    translated = target.read_bytes().decode("utf-8")
+    if name.endswith(".md"):
+        assert translated.count("\n\n") >= 3 and "```\nkeep = 1\n```" in translated
+    else:
+        assert "00:00:01,000 --> 00:00:02,000\r\n" in translated
+        assert "\r\n\r\n2\r\n00:00:03,000 --> 00:00:04,000\r\n" in translated
+    assert client.get_usage().character.count == before + len(content)
+
+
+def test_deepl_document_errors(front: tuple[str, str], tmp_path: Path) -> None:
+    url, key = front
+    client = deepl.Translator(key, server_url=url)
+    word = tmp_path / "report.docx"
+    word.write_bytes(b"PK\x03\x04")
+    with pytest.raises(deepl.DeepLException, match="unsupported file type"):
+        client.translate_document_from_filepath(word, tmp_path / "x.docx", target_lang="DE")
+    broken = tmp_path / "broken.srt"
+    broken.write_text("1\nnot a timing line\nHi\n")
+    with pytest.raises(deepl.DocumentTranslationException, match="cue 1"):
+        client.translate_document_from_filepath(broken, tmp_path / "x.srt", target_lang="DE")
+    stranger = deepl.Translator("not-a-key-of-this-server", server_url=url)
+    with pytest.raises(deepl.AuthorizationException):
+        stranger.translate_document_upload(MARKDOWN.encode(), target_lang="DE", filename="a.md")
+    handle = client.translate_document_upload(MARKDOWN.encode(), target_lang="DE", filename="a.md")
+    forged = deepl.DocumentHandle(handle.document_id, "wrong-key")
+    with pytest.raises(deepl.DeepLException, match="not found"):
+        client.translate_document_get_status(forged)
+    client.translate_document_wait_until_done(handle)
+    assert client.translate_document_download(handle).content  # type: ignore[union-attr]
+    with pytest.raises(deepl.DeepLException, match="not found"):  # downloaded once: gone
+        client.translate_document_get_status(handle)

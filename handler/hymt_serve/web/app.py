@@ -21,6 +21,7 @@ from flask import Flask, Response, jsonify, request
 from hymt_serve.ops.launcher import Server
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.web.compat import add_compat_routes
+from hymt_serve.web.deepl_documents import DocumentJobs, add_document_routes
 from hymt_serve.web.keys import ClientKeys
 from hymt_serve.web.refine import Post, refine
 
@@ -73,6 +74,8 @@ def create_app(
             return known.get("max_texts", DEFAULT_MAX_TEXTS)
 
         add_compat_routes(app, _poster(server), model, client_keys, max_texts)
+        jobs = DocumentJobs(_poster(server), model, client_keys)
+        add_document_routes(app, jobs, client_keys)
 
     @app.get("/")
     def page() -> Any:

@@ -98,14 +98,7 @@ def add_compat_routes(
         )
 
     def deepl_key() -> ClientKey:
-        header = request.headers.get("Authorization", "")
-        offered = (
-            header.removeprefix("DeepL-Auth-Key ") if header.startswith("DeepL-Auth-Key ") else None
-        )
-        key = keys.find(offered or _text_param(_params(), "auth_key"))
-        if key is None:
-            raise CompatError(403, "Authorization failure, check auth_key")
-        return key
+        return deepl_client_key(keys)
 
     @app.post("/v2/translate")
     def deepl_translate() -> Any:
@@ -113,7 +106,7 @@ def add_compat_routes(
             key = deepl_key()
             params = _params()
             texts = _texts(params.get("text"), "Parameter 'text' not specified.")
-            fields, source = _deepl_fields(params)
+            fields, source = deepl_fields(params)
             out = translate(key, texts, fields, CompatError(456, "Quota Exceeded"))
         except CompatError as error:
             return jsonify(message=error.message), error.status
@@ -143,6 +136,19 @@ def add_compat_routes(
         except CompatError as error:
             return jsonify(message=error.message), error.status
         return jsonify(character_count=keys.used(key), character_limit=key.character_limit)
+
+
+def deepl_client_key(keys: ClientKeys) -> ClientKey:
+    """The request's DeepL key (``Authorization: DeepL-Auth-Key ...`` or ``auth_key``);
+    CompatError 403 when it is not one of ``keys``."""
+    header = request.headers.get("Authorization", "")
+    offered = (
+        header.removeprefix("DeepL-Auth-Key ") if header.startswith("DeepL-Auth-Key ") else None
+    )
+    key = keys.find(offered or _text_param(_params(), "auth_key"))
+    if key is None:
+        raise CompatError(403, "Authorization failure, check auth_key")
+    return key
 
 
 def _params() -> dict[str, Any]:
@@ -188,7 +194,7 @@ def _libre_languages(params: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _deepl_fields(params: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def deepl_fields(params: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """Our request fields for DeepL's parameters, and the source code DeepL would report."""
     for name in DEEPL_UNSUPPORTED:
         if name in params:
