@@ -235,13 +235,11 @@ async function translateFile(file) {
     });
     if (!response.ok) {
       const reply = await response.json().catch(() => ({}));
-      $("doc-status").textContent = "";
-      return showError(readableError(response.status, reply));
+      return fileFailed(readableError(response.status, reply));
     }
     const final = await readStream(response);
     if (!final || typeof final.document !== "string") {
-      $("doc-status").textContent = "";
-      return showError(readableError(200, final || {}));
+      return fileFailed(readableError(200, final || {}));
     }
     const name = translatedName(file.name, $("target").value);
     const link = $("download");
@@ -259,11 +257,18 @@ async function translateFile(file) {
     $("doc-progress").max = 1;
     $("doc-progress").value = 1;
   } catch (error) {
-    showError(MESSAGES.server_unavailable);
+    fileFailed(MESSAGES.server_unavailable);
   } finally {
     state.busy = false;
     $("translate").disabled = $("pick").disabled = false;
   }
+}
+
+// A file that could not be translated: no progress bar left running, the reason shown.
+function fileFailed(message) {
+  $("doc-progress").hidden = true;
+  $("doc-status").textContent = "";
+  showError(message);
 }
 
 function setUpFiles() {
