@@ -12,7 +12,7 @@ from transformers import GenerationConfig, PreTrainedModel
 
 from hymt_serve.engine.attention import _triton_decode_attention, reference_decode_attention
 from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.model import PackedPrompts, packed_layout
+from hymt_serve.engine.inputs import PackedPrompts, packed_layout
 from hymt_serve.engine.runner import FastRunner
 from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import GenerationResult, GenerationRow

@@ -12,7 +12,7 @@ from runner_helpers import teacher_forced_logits
 from test_fast_engine_gpu import PROMPTS
 
 from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.model import linear, quantize_tensor
+from hymt_serve.engine.quantized import linear, quantize_tensor
 from hymt_serve.ops.tiny_model import random_7b_model
 
 pytestmark = [

@@ -8,7 +8,7 @@ from runner_helpers import generate, teacher_forced_logits
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
-from hymt_serve.engine.model import packed_layout
+from hymt_serve.engine.inputs import packed_layout
 from hymt_serve.engine.runner import PREFILL_TOKENS, FastRunner
 from hymt_serve.engine.types import GenerationRow, SamplingParams
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from hymt_serve.engine import loading
 from hymt_serve.engine.engine import Engine, load_engine
 from hymt_serve.engine.fp8_checkpoint import fp8_scheme
-from hymt_serve.engine.model import FP8
+from hymt_serve.engine.quantized import FP8
 from hymt_serve.ops.quantize import quantization_config, write_fp8_checkpoint
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.settings import Settings

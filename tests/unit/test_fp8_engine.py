@@ -23,7 +23,7 @@ from test_fast_engine import PROMPTS, tiny_model
 
 from hymt_serve.engine import loading
 from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.model import FP8, FP8_MAX, linear, quantize_tensor
+from hymt_serve.engine.quantized import FP8, FP8_MAX, linear, quantize_tensor
 from hymt_serve.request.errors import ConfigurationError
 
 

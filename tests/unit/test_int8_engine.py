@@ -12,7 +12,7 @@ from runner_helpers import teacher_forced_logits
 from test_fast_engine import PROMPTS, tiny_model
 
 from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.model import linear, quantize_int8_rows
+from hymt_serve.engine.quantized import linear, quantize_int8_rows
 
 
 def test_rows_quantize_to_int8_within_half_a_step() -> None:

@@ -14,7 +14,7 @@ the compiled code (:mod:`hymt_serve.engine.attention`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -24,6 +24,8 @@ from torch import Tensor, nn
 
 from hymt_serve.engine.attention import decode_attention
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales
+from hymt_serve.engine.inputs import PackedPrompts
+from hymt_serve.engine.quantized import FP8, QUANTIZERS, checkpoint_group, linear
 
 
 class LayerWeights(NamedTuple):
@@ -110,11 +112,11 @@ def fuse_linears(linears: list[nn.Linear]) -> Tensor:
     One matrix product instead of several, with no second copy of the weights: the HF model
     keeps working on the same memory.
     """
-    fused = torch.cat([linear.weight.detach() for linear in linears])
+    fused = torch.cat([module.weight.detach() for module in linears])
     start = 0
-    for linear in linears:
-        rows = linear.weight.shape[0]
-        linear.weight.data = fused[start : start + rows]
+    for module in linears:
+        rows = module.weight.shape[0]
+        module.weight.data = fused[start : start + rows]
         start += rows
     return fused
 
@@ -133,60 +135,6 @@ def pad_rows(param: nn.Parameter, multiple: int) -> Tensor:
     padded = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])])
     param.data = padded[: weight.shape[0]]
     return padded
-
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # the largest finite e4m3 value
-
-
-def quantize_tensor(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """``weight`` as e4m3 with one fp32 scale (its absolute maximum over 448, shape ``[1]``):
-    ``weight ~= q.float() * scale``."""
-    w = weight.float()
-    scale = (w.abs().amax() / FP8_MAX).clamp(min=1e-12).reshape(1)
-    return (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
-
-
-def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor) -> Tensor:
-    """``x @ weight.T`` for a plain weight, on FP8 tensor cores for an e4m3 one, and through
-    a cast for an int8 one (weight-only, a scale per output row).
-
-    FP8 (tensor-wise, as the published FP8 checkpoints are): ``weight_scale`` is one value,
-    and ``x`` is quantized to e4m3 with ``input_scale`` (static, one value) or, when that is
-    empty, with its own absolute maximum over 448 (dynamic). The product runs in
-    ``torch._scaled_mm`` and comes out in ``x``'s dtype; inside the compiled step functions
-    inductor fuses the quantization into the kernel that makes ``x`` (a norm, the SiLU
-    product). Tensor-wise, not row-wise: on an H200 a pass over the 7B's projections takes
-    2.1 ms at 1 token tensor-wise, 3.8 ms row-wise and 3.6 ms in bf16
-    (benchmarks/decode/fp8_gemm.py). Off CUDA the same numbers go through a dequantized fp32
-    product (the reference the tests hold the kernel to).
-    """
-    if weight.dtype == torch.int8:  # weight-only; inductor does not fuse this cast (yet)
-        return F.linear(x, weight.to(x.dtype)) * weight_scale.to(x.dtype)
-    if weight.dtype != FP8:
-        return F.linear(x, weight)
-    if input_scale.numel():
-        x_scale = input_scale.float().reshape(())
-    else:
-        # per row first, then over the rows: a one-step reduction over all of x runs as one
-        # slow program in inductor (0.4-0.6 ms per projection at 64 rows)
-        x_scale = (x.abs().amax(dim=-1).amax().float() / FP8_MAX).clamp(min=1e-12)
-    xq = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    w_scale = weight_scale.float().reshape(())
-    if x.is_cuda:
-        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)
-    return F.linear(xq.float() * x_scale, weight.float() * w_scale).to(x.dtype)
-
-
-def quantize_int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """``weight [out, in]`` as int8 with one fp32 scale per output row (its absolute maximum
-    over 127): ``weight ~= q.float() * scale[:, None]``."""
-    w = weight.float()
-    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
-
-
-QUANTIZERS = {"fp8": quantize_tensor, "int8": quantize_int8_rows}
 
 
 def extract_weights(
@@ -216,7 +164,7 @@ def extract_weights(
         for name, linears in groups.items():
             if scales is not None:
                 modules = [names[id(m)] for m in linears]
-                projections.update(_checkpoint_group(name, linears, modules, scales))
+                projections.update(checkpoint_group(name, linears, modules, scales))
                 continue
             fused = fuse_linears(linears) if len(linears) > 1 else linears[0].weight.detach()
             empty = fused.new_empty(0, dtype=torch.float32)
@@ -245,28 +193,6 @@ def extract_weights(
         lm_head=lm_head,
         inv_freq=core.rotary_emb.inv_freq.detach().float(),
     )
-
-
-def _checkpoint_group(
-    name: str, linears: list[nn.Linear], modules: list[str], scales: Fp8Scales
-) -> dict[str, Tensor]:
-    """One fused group of an FP8 checkpoint: e4m3 weight, its scale, its input's scale."""
-    own = [scales.weight[module] for module in modules]
-    common = torch.stack(own).amax()
-    parts = [
-        (linear.weight.detach().float() * (scale.to(linear.weight.device) / common)).to(FP8)
-        for linear, scale in zip(linears, own, strict=True)
-    ]
-    device = linears[0].weight.device
-    for linear in linears:  # the model's copy (FP8 values in its dtype) goes
-        linear.weight.data = linear.weight.new_empty(0)
-    inputs = [scales.input[module] for module in modules if module in scales.input]
-    static = torch.stack(inputs).amax().reshape(1) if inputs else torch.empty(0)
-    return {
-        name: torch.cat(parts) if len(parts) > 1 else parts[0],
-        f"{name}_scale": common.reshape(1).to(device),
-        f"{name}_input": static.to(device),
-    }
 
 
 def rope_tables(inv_freq: Tensor, length: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -393,75 +319,6 @@ def decode_forward(
             attn, residual, cos, sin, *weights.layers[i], *weights.layers[i + 1]
         )
     return fns.last(attn, residual, weights.final_norm, weights.lm_head, *weights.layers[-1])
-
-
-def packed_layout(
-    prompts: Sequence[Sequence[int]],
-    slots: Sequence[int],
-    *,
-    tokens: int,
-    rows: int,
-    scratch_slot: int,
-) -> list[int]:
-    """The prefill's inputs as one host list: ids, positions, cache slots and sequence numbers
-    of the packed tokens (``tokens`` long each: prompts end to end, then padding that writes to
-    ``scratch_slot`` and attends only to padding), then each prompt's last packed index
-    (``rows`` long, padded with 0)."""
-    ids: list[int] = []
-    positions: list[int] = []
-    token_slots: list[int] = []
-    sequence: list[int] = []
-    last: list[int] = []
-    for row, (prompt, slot) in enumerate(zip(prompts, slots, strict=True)):
-        ids.extend(prompt)
-        positions.extend(range(len(prompt)))
-        token_slots.extend([slot] * len(prompt))
-        sequence.extend([row] * len(prompt))
-        last.append(len(ids) - 1)
-    pad, pad_rows = tokens - len(ids), rows - len(last)
-    if pad < 0 or pad_rows < 0:
-        raise ValueError(f"{len(ids)} tokens in {len(last)} rows exceed {tokens} and {rows}")
-    return (
-        ids + [0] * pad
-        + positions + [0] * pad
-        + token_slots + [scratch_slot] * pad
-        + sequence + [-1] * pad
-        + last + [0] * pad_rows
-    )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class PackedPrompts:
-    """The device side of :func:`packed_layout`: views of one flat int64 tensor."""
-
-    ids: Tensor  # [N]
-    positions: Tensor  # [N]
-    token_slots: Tensor  # [N]
-    sequence: Tensor  # [N] which prompt each token belongs to (-1: padding)
-    last: Tensor  # [R] packed index of each prompt's last token
-
-    @classmethod
-    def view(cls, flat: Tensor, tokens: int, rows: int) -> PackedPrompts:
-        ids, positions, slots, sequence, last = flat[: 4 * tokens + rows].split(
-            [tokens, tokens, tokens, tokens, rows]
-        )
-        return cls(ids, positions, slots, sequence, last)
-
-
-def pinned(values: Sequence[int] | Sequence[float], dtype: torch.dtype) -> Tensor:
-    """A host list in page-locked memory, ready for an asynchronous copy to the device."""
-    return torch.tensor(values, dtype=dtype).pin_memory()
-
-
-def to_device(
-    values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device
-) -> Tensor:
-    """A host list as a device tensor without waiting for the device: ``torch.tensor(values,
-    device=cuda)`` copies from pageable memory and synchronises the stream; a pinned copy does
-    not (the caching host allocator keeps the buffer until the copy is done)."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return pinned(values, dtype).to(device, non_blocking=True)
 
 
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:

@@ -22,17 +22,14 @@ import torch
 from torch import Tensor
 
 from hymt_serve.engine.attention import kernel_name, num_splits
+from hymt_serve.engine.inputs import PackedPrompts, packed_layout, pinned, to_device
 from hymt_serve.engine.model import (
     ModelShape,
     ModelWeights,
-    PackedPrompts,
     decode_forward,
     make_step_functions,
-    packed_layout,
-    pinned,
     prefill_forward,
     rope_tables,
-    to_device,
 )
 from hymt_serve.engine.types import GenerationRow
 from hymt_serve.request.errors import PayloadTooLarge

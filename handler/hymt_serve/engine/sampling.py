@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.model import to_device
+from hymt_serve.engine.inputs import to_device
 from hymt_serve.engine.types import GenerationRow, SamplingParams
 
 

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hymt_serve.engine.inputs import to_device
 from hymt_serve.engine.jobs import Job, Readback, WaitingLine
-from hymt_serve.engine.model import to_device
 from hymt_serve.engine.runner import STEP_HEADROOM, Runner
 from hymt_serve.engine.slots import SlotState
 from hymt_serve.engine.types import (

@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.model import to_device
+from hymt_serve.engine.inputs import to_device
 from hymt_serve.engine.sampling import RowSampling, SlotSampling, record_tokens, sample_next
 from hymt_serve.engine.types import GenerationRow
 

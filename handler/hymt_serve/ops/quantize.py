@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from hymt_serve.engine.fp8_checkpoint import PROJECTIONS
-from hymt_serve.engine.model import FP8, FP8_MAX
+from hymt_serve.engine.quantized import FP8, FP8_MAX
 
 IGNORED = ["lm_head", "model.embed_tokens"]
 # Sentences for calibration: the scales must cover the inputs translation prompts make.
