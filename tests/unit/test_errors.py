@@ -81,9 +81,9 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/features.py", "_candidates", "InvalidRequest"): 400,
     ("hymt_serve/request/markup.py", "to_tags", "InvalidRequest"): 400,
     # Documents: their fields, a malformed SRT file, too many segments.
-    ("hymt_serve/request/protocol.py", "_document", "InvalidRequest"): 400,
-    ("hymt_serve/request/protocol.py", "_document", "PayloadTooLarge"): 413,
-    ("hymt_serve/request/documents.py", "_malformed", "InvalidRequest"): 400,
+    ("hymt_serve/request/document_fields.py", "parse_document", "InvalidRequest"): 400,
+    ("hymt_serve/request/document_fields.py", "parse_document", "PayloadTooLarge"): 413,
+    ("hymt_serve/request/document_formats.py", "_malformed", "InvalidRequest"): 400,
     ("hymt_serve/request/service.py", "_tokenise_document", "PayloadTooLarge"): 413,
     # The service: a text (or a document's segment) whose prompt is too long.
     ("hymt_serve/request/service.py", "_row", "PayloadTooLarge"): 413,

@@ -17,7 +17,8 @@ from hymt_serve.request.errors import (
     ServiceError,
     UnsupportedLanguage,
 )
-from hymt_serve.request.protocol import decode_body, parse_request, render_response
+from hymt_serve.request.protocol import decode_body, parse_request
+from hymt_serve.request.replies import render_response
 from hymt_serve.request.settings import Settings
 
 SETTINGS = Settings.from_mapping(

@@ -23,11 +23,11 @@ from hymt_serve.request.protocol import (
     ALIASES,
     FIELDS,
     TranslationRequest,
-    brief,
     decode_body,
     parse_request,
 )
 from hymt_serve.request.settings import FLOAT_BOUNDS, INT_BOUNDS, SAMPLING_FLOATS, Settings
+from hymt_serve.request.values import brief
 
 CAP, MAX_TEXTS, MAX_CHARS = 32, 3, 12
 SETTINGS = Settings.from_mapping(

@@ -17,8 +17,9 @@ Inline markup stays inside its segment (the service turns it into ``<sN>`` tags,
 ``<script>``/``<style>``/``<pre>`` elements, link definitions and table rules stay literal, and
 so does a would-be segment with no letter outside its code, URLs and tags (numbers, symbols).
 
-Every parser here is iterative and linear in the document's length: a 1 MB line, 100,000 nested
-quotes or tags, or unclosed code cannot make it recurse or backtrack.
+The structure of each format is read by :mod:`hymt_serve.request.document_formats`. Those
+parsers and the splitting here are iterative and linear in the document's length: a 1 MB line,
+100,000 nested quotes or tags, or unclosed code cannot make them recurse or backtrack.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 from sentencex import get_sentence_boundaries
 
-from hymt_serve.request.errors import InvalidRequest
+from hymt_serve.request.document_formats import PARSERS, TAG_AT
 
 FORMATS = ("text", "markdown", "html", "srt")
 # The inline markup a format's segments carry (the kinds of markup.to_tags).
@@ -41,21 +42,8 @@ Measure = Callable[[str], int]  # tokens of a text
 
 _LETTER = re.compile(r"[^\W\d_]")
 _URL = re.compile(r"\b(?:https?|ftp)://[^\s<>]+")
-_TAG_AT = re.compile(r"</?([A-Za-z][A-Za-z0-9-]*)(?:\s[^<>]*)?/?>")
 _TICKS = re.compile(r"`+")
 _CLAUSE = re.compile(r"[\s，、；：,;:]+")  # where a sentence over the budget may be cut
-# HTML elements that do not break a run of text (markup.to_tags tags them inside a segment).
-_INLINE = frozenset(
-    {
-        *("a", "abbr", "b", "bdi", "bdo", "big", "br", "cite", "code", "data", "del", "dfn"),
-        *("em", "font", "i", "img", "ins", "kbd", "mark", "q", "rp", "rt", "ruby", "s", "samp"),
-        *("small", "span", "strike", "strong", "sub", "sup", "time", "tt", "u", "var", "wbr"),
-    }
-)
-# HTML elements whose content is never prose.
-_RAW = frozenset(
-    ("script", "style", "pre", "textarea", "svg", "math", "template", "noscript", "xmp")
-)
 
 
 @dataclass(frozen=True)
@@ -87,10 +75,11 @@ class Document:
 def split_document(
     text: str, kind: str, *, budget: int, measure: Measure, language: str | None = None
 ) -> Document:
-    """Split ``text`` (a ``kind`` document) into segments of at most ``budget`` tokens where
-    it has places to cut. Raises InvalidRequest for a malformed SRT file."""
+    """Split ``text`` (a ``kind`` document: :mod:`.document_formats` reads its structure) into
+    segments of at most ``budget`` tokens where it has places to cut. Raises InvalidRequest
+    for a malformed SRT file."""
     pieces = _Pieces(kind, budget, measure, language or "en")
-    {"text": _text, "markdown": _markdown, "html": _html, "srt": _srt}[kind](text, pieces)
+    PARSERS[kind](text, pieces)
     document = Document(kind, pieces.done())
     assert "".join(document.pieces) == text, "a document must reassemble byte for byte"
     return document
@@ -177,7 +166,7 @@ def _tags(text: str) -> list[tuple[int, int]]:
             spans.append((start, end))
             position = end
             continue
-        match = _TAG_AT.match(text, start)
+        match = TAG_AT.match(text, start)
         if match:
             spans.append(match.span())
             position = match.end()
@@ -264,288 +253,3 @@ class _Inside:
     def __call__(self, offset: int) -> bool:
         index = bisect.bisect_left(self._starts, offset) - 1
         return index >= 0 and offset < self._reach[index]
-
-
-# Lines: split on "\n" only (never on the other characters str.splitlines treats as breaks),
-# each line keeping its ending.
-def _lines(text: str) -> list[str]:
-    lines = text.split("\n")
-    out = [line + "\n" for line in lines[:-1]]
-    if lines[-1]:
-        out.append(lines[-1])
-    return out
-
-
-def _bare(line: str) -> str:
-    return line.rstrip("\r\n")
-
-
-def _blank(line: str) -> bool:
-    return not line.strip()
-
-
-def _text(text: str, out: _Pieces) -> None:
-    """Plain text: paragraphs between blank lines."""
-    paragraph: list[str] = []
-    for line in _lines(text):
-        if _blank(line):
-            out.prose("".join(paragraph))
-            paragraph = []
-            out.literal(line)
-        else:
-            paragraph.append(line)
-    out.prose("".join(paragraph))
-
-
-# Markdown (CommonMark's block structure, line by line).
-_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
-_HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]+|$)")
-_LIST_ITEM = re.compile(r"[ \t]*(?:[-*+]|\d{1,9}[.)])(?:[ \t]+(?:\[[ xX]\][ \t]+)?|$)")
-_QUOTE = re.compile(r"(?:[ \t]{0,3}>[ \t]?)+")
-_SETEXT = re.compile(r" {0,3}(?:=+|-+)[ \t]*$")
-_LINK_DEFINITION = re.compile(r" {0,3}\[[^\]\n]{1,999}\]:[ \t]*\S")
-_TABLE_RULE = re.compile(r"[ \t]*\|?(?:[ \t]*:?-+:?[ \t]*\|)+(?:[ \t]*:?-+:?[ \t]*)?$")
-_CELL = re.compile(r"(?<!\\)\|")
-
-
-def _markdown(text: str, out: _Pieces) -> None:
-    lines = _lines(text)
-    paragraph: list[str] = []
-    index, in_list, in_table, after_blank = 0, False, False, True
-
-    def flush() -> None:
-        out.prose("".join(paragraph))
-        paragraph.clear()
-
-    if lines and _bare(lines[0]) == "---":  # YAML front matter
-        end = next((i for i in range(1, len(lines)) if _bare(lines[i]) in ("---", "...")), None)
-        if end is not None:
-            out.literal("".join(lines[: end + 1]))
-            index = end + 1
-    while index < len(lines):
-        line = lines[index]
-        bare = _bare(line)
-        index += 1
-        if _blank(line):
-            flush()
-            out.literal(line)
-            after_blank, in_table = True, False
-            continue
-        if fence := _FENCE.match(bare):
-            flush()
-            marker = fence[1]
-            end = next(
-                (i for i in range(index, len(lines)) if _closes_fence(_bare(lines[i]), marker)),
-                len(lines) - 1,
-            )
-            out.literal("".join(lines[index - 1 : end + 1]))
-            index = end + 1
-            after_blank = False
-            continue
-        if bare.strip() in ("$$", "```math"):  # display math
-            flush()
-            end = next(
-                (i for i in range(index, len(lines)) if _bare(lines[i]).strip() == "$$"), None
-            )
-            end = len(lines) - 1 if end is None else end
-            out.literal("".join(lines[index - 1 : end + 1]))
-            index = end + 1
-            continue
-        indented = bare.startswith(("    ", "\t"))
-        if indented and after_blank and not in_list and not paragraph:  # indented code
-            out.literal(line)
-            continue
-        after_blank = False
-        if not indented and not bare.startswith(" ") and not _LIST_ITEM.match(bare):
-            in_list = False
-        if bare.lstrip().startswith("<!--"):  # an HTML comment block
-            flush()
-            end = next((i for i in range(index - 1, len(lines)) if "-->" in lines[i]), None)
-            end = len(lines) - 1 if end is None else end
-            out.literal("".join(lines[index - 1 : end + 1]))
-            index = end + 1
-            continue
-        if paragraph and _SETEXT.match(bare):
-            flush()
-            out.literal(line)
-            continue
-        if _thematic_break(bare) or _LINK_DEFINITION.match(bare):
-            flush()
-            out.literal(line)
-            continue
-        if heading := _HEADING.match(bare):
-            flush()
-            out.literal(heading[0])
-            _heading_text(line[heading.end() :], out)
-            in_list = False
-            continue
-        if quote := _QUOTE.match(bare):
-            flush()
-            out.literal(quote[0])
-            out.prose(line[quote.end() :])
-            continue
-        if "|" in bare and (in_table or _is_table_rule(lines, index)):
-            flush()
-            in_table = True
-            if _TABLE_RULE.match(bare):
-                out.literal(line)
-            else:
-                _table_row(line, out)
-            continue
-        if item := _LIST_ITEM.match(bare):
-            flush()
-            out.literal(item[0])
-            paragraph.append(line[item.end() :])
-            in_list = True
-            continue
-        if bare.lstrip().startswith("<") and _TAG_AT.match(bare.lstrip()):  # an HTML line
-            flush()
-            _html(line, out)
-            continue
-        paragraph.append(line)
-    flush()
-
-
-def _closes_fence(bare: str, marker: str) -> bool:
-    stripped = bare.strip()
-    return (
-        len(bare) - len(bare.lstrip(" ")) <= 3
-        and stripped.startswith(marker)
-        and not stripped.strip(marker[0])
-    )
-
-
-def _thematic_break(bare: str) -> bool:
-    stripped = bare.replace(" ", "").replace("\t", "")
-    indent = len(bare) - len(bare.lstrip(" "))
-    return (
-        indent <= 3
-        and len(stripped) >= 3
-        and stripped[0] in "-*_"
-        and not stripped.strip(stripped[0])
-    )
-
-
-def _is_table_rule(lines: list[str], index: int) -> bool:
-    return (
-        0 <= index < len(lines)
-        and "|" in lines[index]
-        and bool(_TABLE_RULE.match(_bare(lines[index])))
-    )
-
-
-def _heading_text(rest: str, out: _Pieces) -> None:
-    """A heading's text; its optional closing run of ``#`` stays literal."""
-    bare = _bare(rest)
-    trimmed = bare.rstrip(" \t")
-    closing = len(trimmed) - len(trimmed.rstrip("#"))
-    if closing and (closing == len(trimmed) or trimmed[-closing - 1] in " \t"):
-        cut = len(trimmed) - closing
-        out.prose(rest[:cut])
-        out.literal(rest[cut:])
-    else:
-        out.prose(rest)
-
-
-def _table_row(line: str, out: _Pieces) -> None:
-    position = 0
-    for bar in _CELL.finditer(line):
-        out.prose(line[position : bar.start()])
-        out.literal("|")
-        position = bar.end()
-    out.prose(line[position:])
-
-
-# HTML: runs of text between block-level tags; inline tags stay inside their run.
-def _html(text: str, out: _Pieces) -> None:
-    run_start, position = 0, 0
-    closes_after: dict[str, int] = {}  # raw element name -> offset past which it has no close
-
-    def boundary(start: int, end: int) -> None:
-        nonlocal run_start
-        out.prose(text[run_start:start])
-        out.literal(text[start:end])
-        run_start = end
-
-    while (start := text.find("<", position)) >= 0:
-        if text.startswith("<!--", start):
-            end = text.find("-->", start + 4)
-            end = len(text) if end < 0 else end + 3
-        elif text.startswith(("<!", "<?"), start):
-            end = text.find(">", start)
-            end = len(text) if end < 0 else end + 1
-        elif match := _TAG_AT.match(text, start):
-            name = match[1].lower()
-            end = match.end()
-            if name in _INLINE:
-                position = end
-                continue
-            if name in _RAW and not match[0].startswith("</"):
-                end = _raw_end(text, name, end, closes_after)
-        else:
-            position = start + 1
-            continue
-        boundary(start, end)
-        position = end
-    out.prose(text[run_start:])
-
-
-def _raw_end(text: str, name: str, start: int, closes_after: dict[str, int]) -> int:
-    """The end of a raw element's closing tag (the document's end if it has none); a name with
-    no close left is remembered, so unclosed elements cost one scan in all."""
-    if closes_after.get(name, -1) >= start:
-        return len(text)
-    match = re.compile(rf"</{name}\s*>", re.IGNORECASE).search(text, start)
-    if match is None:
-        closes_after[name] = len(text)
-        return len(text)
-    return match.end()
-
-
-# SRT: cues of an index line, a timing line and text lines, between blank lines.
-_SRT_TIME = r"\d{1,3}:\d{2}:\d{2}[,.]\d{1,3}"
-_SRT_TIME = r"\d{1,3}:\d{2}:\d{2}[,.]\d{1,3}"
-_SRT_TIMING = re.compile(rf"[ \t]*{_SRT_TIME}[ \t]*-->[ \t]*{_SRT_TIME}(?:[ \t].*)?$")
-
-
-def _srt(text: str, out: _Pieces) -> None:
-    lines = _lines(text)
-    if lines and lines[0].startswith("\ufeff"):
-        out.literal("\ufeff")
-        lines[0] = lines[0][1:]
-    index, cue = 0, 0
-    while index < len(lines):
-        if _blank(lines[index]):
-            out.literal(lines[index])
-            index += 1
-            continue
-        cue += 1
-        number, timing = (
-            _bare(lines[index]).strip(),
-            lines[index + 1] if index + 1 < len(lines) else "",
-        )
-        if not number.isdigit() or not number.isascii():
-            raise _malformed(cue, index + 1, "a cue number", lines[index])
-        if not _SRT_TIMING.match(_bare(timing)):
-            raise _malformed(
-                cue, index + 2, "a timing line such as 00:00:01,000 --> 00:00:02,500", timing
-            )
-        out.literal(lines[index] + timing)
-        index += 2
-        body: list[str] = []
-        while index < len(lines) and not _blank(lines[index]):
-            body.append(lines[index])
-            index += 1
-        out.prose("".join(body))
-
-
-def _malformed(cue: int, line: int, expected: str, got: str) -> InvalidRequest:
-    shown = _bare(got)[:40] + ("…" if len(_bare(got)) > 40 else "")
-    return InvalidRequest(
-        f"the SRT document is malformed: cue {cue} (line {line}) should start with {expected}, "
-        f"got {shown!r}"
-        if got
-        else f"the SRT document ends in cue {cue} before {expected}",
-        allowed="SubRip cues: a number, a timing line, text lines, a blank line",
-        field="document",
-    )

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import json
 import math
-import reprlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hymt_serve.engine.types import GenerationResult, SamplingParams
-from hymt_serve.request.documents import FORMATS, Document
+from hymt_serve.engine.types import SamplingParams
+from hymt_serve.request.document_fields import DOCUMENT_FIELDS, DocumentInput, parse_document
 from hymt_serve.request.errors import (
     InvalidRequest,
     PayloadTooLarge,
@@ -38,21 +37,14 @@ from hymt_serve.request.errors import (
 from hymt_serve.request.families import HUNYUAN_MT_7B, Profile
 from hymt_serve.request.features import FEATURE_FIELDS, Features, parse_features
 from hymt_serve.request.languages import SUPPORTED_CODES, Language, lookup
-from hymt_serve.request.markup import Markup, restore, unwrap_target
-from hymt_serve.request.prompts import Template
 from hymt_serve.request.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
+from hymt_serve.request.values import brief, is_unicode
 
 ALIASES = {"src_lang": "source_lang", "tgt_lang": "target_lang"}
 # A valid body nests 2 levels (object -> list of texts); anything far deeper is refused before
 # any code walks it recursively (repr, comparisons) and hits Python's recursion limit.
 MAX_DEPTH = 8
-_BRIEF = reprlib.Repr()
-_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 2, 40, 40
-_BRIEF.maxlist = _BRIEF.maxdict = 4
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
-DOCUMENT_FIELDS = ("document", "format", "previous_context")
-# Feature fields a document cannot take: it keeps its own format, and Chimera refines candidates.
-NOT_FOR_DOCUMENTS = ("preserve_format", "candidates")
 FIELDS = (
     "text",
     *DOCUMENT_FIELDS,
@@ -79,15 +71,6 @@ class TranslationRequest:
     stream: bool = False
     features: Features = field(default_factory=Features)
     document: DocumentInput | None = None  # a document request: ``texts`` is empty
-
-
-@dataclass(frozen=True)
-class DocumentInput:
-    """A document to split into segments (:mod:`hymt_serve.request.documents`)."""
-
-    text: str
-    format: str
-    previous_context: bool = False
 
 
 def decode_body(body: Any) -> dict[str, Any]:
@@ -139,16 +122,6 @@ def _nested_deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-def brief(value: Any) -> str:
-    """A short, always printable rendering of a client's value for an error message."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    try:
-        return _BRIEF.repr(value)
-    except ValueError:  # an integer of thousands of digits inside a list
-        return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
-
-
 def _json_from_bytes(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
@@ -182,7 +155,7 @@ def parse_request(
     Raises InvalidRequest (400) or PayloadTooLarge (413) saying what was wrong and what is allowed.
     """
     fields = _canonical_fields(decode_body(body))
-    document = _document(fields, settings, profile)
+    document = parse_document(fields, settings, profile)
     texts, single = ((), False) if document else _texts(fields.get("text"), settings)
     features = parse_features(fields, profile, settings, len(texts), single)
     target = _language(fields.get("target_lang"), "target_lang", required=True)
@@ -205,80 +178,6 @@ def parse_request(
         features=features,
         document=document,
     )
-
-
-def _document(
-    fields: Mapping[str, Any], settings: Settings, profile: Profile
-) -> DocumentInput | None:
-    """The document fields, validated; None for a request of texts."""
-    if "document" not in fields:
-        for name in DOCUMENT_FIELDS:
-            if name in fields:
-                raise InvalidRequest(
-                    f"{name!r} applies to documents only", allowed='"document": "..."', field=name
-                )
-        return None
-    if "text" in fields:
-        raise InvalidRequest(
-            "send 'text' or 'document', not both", allowed="one of them", field="document"
-        )
-    text = fields["document"]
-    if not isinstance(text, str) or not text.strip():
-        raise InvalidRequest(
-            "document must be a non-empty string", allowed="the document's text", field="document"
-        )
-    if not _is_unicode(text):
-        raise InvalidRequest(
-            "document contains a lone surrogate (not valid Unicode)",
-            allowed="text that encodes as UTF-8",
-            field="document",
-        )
-    size = len(text.encode("utf-8"))
-    if size > settings.max_document_bytes:
-        raise PayloadTooLarge(
-            f"document has {size} bytes (UTF-8)",
-            allowed=f"at most {settings.max_document_bytes} bytes",
-            field="document",
-        )
-    kind = fields.get("format", "text")
-    if kind not in FORMATS:
-        raise InvalidRequest(
-            f"format must be one of {list(FORMATS)}, got {brief(kind)}",
-            allowed=list(FORMATS),
-            field="format",
-        )
-    for name in NOT_FOR_DOCUMENTS:
-        if name in fields:
-            why = {
-                "preserve_format": "a document keeps its format itself",
-                "candidates": "refinement takes sentences with their candidates",
-            }[name]
-            raise InvalidRequest(
-                f"{name!r} does not apply to documents: {why}",
-                allowed=[f for f in FEATURE_FIELDS if f not in NOT_FOR_DOCUMENTS],
-                field=name,
-            )
-    previous = fields.get("previous_context", False)
-    if not isinstance(previous, bool):
-        raise InvalidRequest(
-            f"previous_context must be true or false, got {brief(previous)}",
-            allowed=[True, False],
-            field="previous_context",
-        )
-    if previous and "context" not in profile.features:
-        raise InvalidRequest(
-            f"the loaded model ({profile.title}) has no context prompt for previous_context",
-            allowed={"model": profile.title, "features": list(profile.features)},
-            field="previous_context",
-        )
-    if previous and any(name in fields for name in FEATURE_FIELDS):
-        raise InvalidRequest(
-            "previous_context fills the context prompt; it cannot be combined with another "
-            "feature field",
-            allowed="previous_context alone",
-            field="previous_context",
-        )
-    return DocumentInput(text, kind, previous)
 
 
 def _canonical_fields(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -322,7 +221,7 @@ def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
                 allowed="string",
                 field="text",
             )
-        if not _is_unicode(item):
+        if not is_unicode(item):
             raise InvalidRequest(
                 f"{where} contains a lone surrogate (not valid Unicode)",
                 allowed="text that encodes as UTF-8",
@@ -364,15 +263,6 @@ def _stream(value: Any, single: bool, features: Features) -> bool:
             field="stream",
         )
     return value
-
-
-def _is_unicode(text: str) -> bool:
-    """False for strings holding lone surrogates (JSON escapes such as \\ud800)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _language(value: Any, name: str, *, required: bool) -> Language | None:
@@ -445,78 +335,3 @@ def _check_sampling_value(key: str, value: Any) -> None:
             allowed=f"({low_f}, {high_f}]",
             field=key,
         )
-
-
-def render_response(
-    request: TranslationRequest,
-    results: Sequence[GenerationResult],
-    input_tokens: Sequence[int],
-    templates: Sequence[Template],
-    markups: Sequence[Markup | None],
-    request_id: str | None,
-    document: Document | None = None,
-) -> dict[str, Any]:
-    """The JSON response for a request whose texts (or document segments) were all translated.
-
-    ``finish_reason`` "length" says max_new_tokens cut the text. The formatted template's
-    answer loses its ``<target>`` wrapper; text with markup behind ``<sN>`` tags gets it back
-    (with how many tags the model lost; in a document, lost code and URLs are kept at the
-    segment's end); a refined text lists the candidates it came from.
-    """
-    items = []
-    for index, (result, n_in, template, markup) in enumerate(
-        zip(results, input_tokens, templates, markups, strict=True)
-    ):
-        item: dict[str, Any] = {
-            "text": result.text,
-            "input_tokens": n_in,
-            "output_tokens": result.output_tokens,
-            "finish_reason": result.finish_reason,
-            "template": template,
-        }
-        if template == "formatted":
-            item["text"] = unwrap_target(result.text)
-        if markup is not None and (markup.opens or template == "formatted"):
-            item["text"], item["format_tags_lost"] = restore(
-                item["text"], markup, keep_lost=document is not None
-            )
-        if request.features.candidates:
-            item["candidates"] = list(request.features.candidates[index])
-        items.append(item)
-    response: dict[str, Any] = {}
-    if document is not None:
-        response.update(_document_reply(document, items))
-    else:
-        if request.single:
-            response["translation"] = items[0]["text"]
-        response["translations"] = items
-    response.update(
-        source_lang=request.source.code if request.source else None,
-        target_lang=request.target.code,
-        usage={
-            "input_tokens": sum(input_tokens),
-            "output_tokens": sum(r.output_tokens for r in results),
-        },
-        request_id=request_id,
-    )
-    return response
-
-
-def _document_reply(document: Document, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """A document's reply: the document rebuilt around its translated segments (a segment the
-    model answered with nothing keeps its source text), and counts of how that went."""
-    texts = [
-        str(item["text"]).strip() or segment
-        for item, segment in zip(items, document.segments, strict=True)
-    ]
-    reasons: dict[str, int] = {}
-    for item in items:
-        reasons[item["finish_reason"]] = reasons.get(item["finish_reason"], 0) + 1
-    return {
-        "document": document.assemble(texts),
-        "format": document.format,
-        "segments": len(items),
-        "finish_reasons": reasons,
-        "untranslated_segments": sum(not str(item["text"]).strip() for item in items),
-        "format_tags_lost": sum(item.get("format_tags_lost", 0) for item in items),
-    }

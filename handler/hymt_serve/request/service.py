@@ -14,7 +14,6 @@ import asyncio
 import functools
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -22,20 +21,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.request.document_fields import DocumentInput
 from hymt_serve.request.documents import MARKUP_KIND, Document, split_document
 from hymt_serve.request.errors import PayloadTooLarge, ServiceError, as_service_error
 from hymt_serve.request.families import detect_profile
+from hymt_serve.request.feeding import RowFeed
 from hymt_serve.request.markup import Markup, to_tags
 from hymt_serve.request.metrics import NullRecorder, Recorder
 from hymt_serve.request.prompts import PromptOptions, Template, build_prompt
-from hymt_serve.request.protocol import (
-    DocumentInput,
-    TranslationRequest,
-    parse_request,
-    render_response,
-)
+from hymt_serve.request.protocol import TranslationRequest, parse_request
+from hymt_serve.request.replies import render_response
 from hymt_serve.request.settings import Settings
-from hymt_serve.request.streaming import IncrementalDecoder
+from hymt_serve.request.streaming import DeltaStream
 
 logger = logging.getLogger(__name__)
 
@@ -99,29 +96,8 @@ class Reply:
 Outcome = Prepared | ServiceError
 
 
-class _Stream:
-    """A streaming request's text deltas: token ids in, safe text out to the sink."""
-
-    def __init__(self, decode: Callable[[Sequence[int]], str], send: Callable[[str], None]):
-        self._decoder = IncrementalDecoder(decode)
-        self._send = send
-
-    def push(self, token_ids: list[int]) -> None:
-        delta = self._decoder.push(token_ids)
-        if delta:
-            self._send(delta)
-
-    def finish(self, final_text: str) -> None:
-        tail = self._decoder.finish(final_text)
-        if tail:
-            self._send(tail)
-
-
-class _InFlight:
-    """One request's rows in the engine, at most ``window`` at a time: each row that finishes
-    lets the next one in (a document's hundreds of segments never fill the waiting line).
-    ``done`` resolves once every row has finished, or once a failure has stopped the feeding
-    and the rows already in have finished; a refusal withdraws the rows still waiting."""
+class _InFlight(RowFeed):
+    """One valid request's rows in the engine (:class:`RowFeed`), with its stream of deltas."""
 
     def __init__(
         self,
@@ -130,87 +106,9 @@ class _InFlight:
         window: int,
         progress: Callable[[int, int], None] | None = None,
     ):
+        super().__init__(prepared.rows, submit, window, progress)
         self.prepared = prepared
-        self.futures: list[Future[GenerationResult] | None] = [None] * len(prepared.rows)
-        self.done: Future[None] = Future()
-        self.refusal: ServiceError | None = None
-        self.stream: _Stream | None = None
-        self._submit_row = submit
-        self._window = window
-        self._progress = progress
-        self._lock = threading.Lock()
-        self._next = 0  # rows taken for submission
-        self._outstanding = 0  # taken and not yet finished
-        self._finished = 0
-        self._reported = -1  # the last progress percentage sent
-        self._stopped = False
-
-    def start(self) -> None:
-        if not self.futures:
-            self.done.set_result(None)
-            return
-        for _ in range(min(self._window, len(self.futures))):
-            if not self._feed():
-                break
-
-    def _feed(self) -> bool:
-        with self._lock:
-            if self._stopped or self._next >= len(self.futures):
-                return False
-            index, self._next, self._outstanding = self._next, self._next + 1, self._outstanding + 1
-        try:
-            future = self._submit_row(self.prepared.rows[index])
-        except Exception as error:  # e.g. Overloaded: the request fails, its rows withdrawn
-            self.refusal = as_service_error(error)
-            self._stop()
-            self._release()
-            return False
-        self.futures[index] = future
-        future.add_done_callback(self._finished_one)
-        return True
-
-    def _finished_one(self, future: Future[GenerationResult]) -> None:
-        if future.cancelled() or future.exception() is not None:
-            self._stop()
-        else:
-            self._feed()
-            self._report()
-        self._release()
-
-    def _stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-        for future in self.futures:
-            if future is not None:
-                future.cancel()
-
-    def _report(self) -> None:
-        if self._progress is None:
-            return
-        with self._lock:
-            self._finished += 1
-            done, total = self._finished, len(self.futures)
-            percent = done * 100 // total
-            if percent == self._reported and done < total:
-                return
-            self._reported = percent
-        self._progress(done, total)
-
-    def _release(self) -> None:
-        with self._lock:
-            self._outstanding -= 1
-            over = self._outstanding == 0 and (self._stopped or self._next >= len(self.futures))
-            if over and not self.done.done():
-                self.done.set_result(None)
-
-    def failure(self) -> BaseException | None:
-        """Why the request failed: a refusal, or the first failure among its rows."""
-        if self.refusal is not None:
-            return self.refusal
-        for future in self.futures:
-            if future is not None and not future.cancelled() and future.exception() is not None:
-                return future.exception()
-        return None
+        self.stream: DeltaStream | None = None
 
 
 class TranslationService:
@@ -398,7 +296,7 @@ class TranslationService:
             progress,
         )
         if send is not None and outcome.document is None:
-            stream = flight.stream = _Stream(
+            stream = flight.stream = DeltaStream(
                 self.engine.decode, lambda delta: send(index, {"delta": delta})
             )
             on_tokens = lambda ids: hop(lambda: stream.push(ids))  # noqa: E731

@@ -35,3 +35,21 @@ class IncrementalDecoder:
             return ""
         delta, self._sent = final_text[len(self._sent) :], final_text
         return delta
+
+
+class DeltaStream:
+    """A streaming request's text deltas: token ids in, safe text out to the sink."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], send: Callable[[str], None]):
+        self._decoder = IncrementalDecoder(decode)
+        self._send = send
+
+    def push(self, token_ids: list[int]) -> None:
+        delta = self._decoder.push(token_ids)
+        if delta:
+            self._send(delta)
+
+    def finish(self, final_text: str) -> None:
+        tail = self._decoder.finish(final_text)
+        if tail:
+            self._send(tail)

@@ -1,0 +1,103 @@
+"""A request's document fields (``document``, ``format``, ``previous_context``), validated
+against the settings and the model family (:mod:`hymt_serve.request.documents` splits the
+document once the service has its tokenizer)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hymt_serve.request.documents import FORMATS
+from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
+from hymt_serve.request.families import Profile
+from hymt_serve.request.features import FEATURE_FIELDS
+from hymt_serve.request.settings import Settings
+from hymt_serve.request.values import brief, is_unicode
+
+DOCUMENT_FIELDS = ("document", "format", "previous_context")
+# Feature fields a document cannot take: it keeps its own format, and Chimera refines candidates.
+NOT_FOR_DOCUMENTS = ("preserve_format", "candidates")
+
+
+@dataclass(frozen=True)
+class DocumentInput:
+    """A document to split into segments (:mod:`hymt_serve.request.documents`)."""
+
+    text: str
+    format: str
+    previous_context: bool = False
+
+
+def parse_document(
+    fields: Mapping[str, Any], settings: Settings, profile: Profile
+) -> DocumentInput | None:
+    """The document fields, validated; None for a request of texts."""
+    if "document" not in fields:
+        for name in DOCUMENT_FIELDS:
+            if name in fields:
+                raise InvalidRequest(
+                    f"{name!r} applies to documents only", allowed='"document": "..."', field=name
+                )
+        return None
+    if "text" in fields:
+        raise InvalidRequest(
+            "send 'text' or 'document', not both", allowed="one of them", field="document"
+        )
+    text = fields["document"]
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidRequest(
+            "document must be a non-empty string", allowed="the document's text", field="document"
+        )
+    if not is_unicode(text):
+        raise InvalidRequest(
+            "document contains a lone surrogate (not valid Unicode)",
+            allowed="text that encodes as UTF-8",
+            field="document",
+        )
+    size = len(text.encode("utf-8"))
+    if size > settings.max_document_bytes:
+        raise PayloadTooLarge(
+            f"document has {size} bytes (UTF-8)",
+            allowed=f"at most {settings.max_document_bytes} bytes",
+            field="document",
+        )
+    kind = fields.get("format", "text")
+    if kind not in FORMATS:
+        raise InvalidRequest(
+            f"format must be one of {list(FORMATS)}, got {brief(kind)}",
+            allowed=list(FORMATS),
+            field="format",
+        )
+    for name in NOT_FOR_DOCUMENTS:
+        if name in fields:
+            why = {
+                "preserve_format": "a document keeps its format itself",
+                "candidates": "refinement takes sentences with their candidates",
+            }[name]
+            raise InvalidRequest(
+                f"{name!r} does not apply to documents: {why}",
+                allowed=[f for f in FEATURE_FIELDS if f not in NOT_FOR_DOCUMENTS],
+                field=name,
+            )
+    previous = fields.get("previous_context", False)
+    if not isinstance(previous, bool):
+        raise InvalidRequest(
+            f"previous_context must be true or false, got {brief(previous)}",
+            allowed=[True, False],
+            field="previous_context",
+        )
+    if previous and "context" not in profile.features:
+        raise InvalidRequest(
+            f"the loaded model ({profile.title}) has no context prompt for previous_context",
+            allowed={"model": profile.title, "features": list(profile.features)},
+            field="previous_context",
+        )
+    if previous and any(name in fields for name in FEATURE_FIELDS):
+        raise InvalidRequest(
+            "previous_context fills the context prompt; it cannot be combined with another "
+            "feature field",
+            allowed="previous_context alone",
+            field="previous_context",
+        )
+    return DocumentInput(text, kind, previous)
