@@ -13,7 +13,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from hymt_serve.engine.engine import load_engine
-from hymt_serve.engine.gptq_checkpoint import dequantize, gptq_config, unpack_rows
+from hymt_serve.engine.gptq_checkpoint import dequantize, gptq_config, kernel_form
+from hymt_serve.engine.weight_only import unpack_int4
 from hymt_serve.ops.quantize import gptq_pack, gptq_quantization_config, write_gptq_checkpoint
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.settings import Settings
@@ -49,7 +50,7 @@ def test_packing_follows_the_format_bit_by_bit() -> None:
     # half a step, a little more at the top of the range (+7.5 steps clamps to +7 with an
     # fp16-rounded scale)
     assert ((back - weight).abs() <= group_scale * 0.51).all()
-    assert unpack_rows(parts["qweight"]).shape == (256, 16)
+    assert unpack_int4(parts["qweight"]).shape == (256, 16)
 
 
 def test_the_checkpoint_has_the_published_layout(gptq_dir: Path) -> None:
@@ -63,10 +64,11 @@ def test_the_checkpoint_has_the_published_layout(gptq_dir: Path) -> None:
     assert not any(key.endswith("proj.weight") for key in kinds)
 
 
-def test_the_engine_serves_it_dequantized(gptq_dir: Path, tiny_model_dir: Path) -> None:
-    engine = load(gptq_dir)
+def test_transformers_serves_it_dequantized(gptq_dir: Path, tiny_model_dir: Path) -> None:
+    engine = load(gptq_dir)  # engine auto on the CPU: transformers' forward
     described = engine.describe()
-    assert described["weights_format"].startswith("GPTQ-Int4 checkpoint, dequantized at load")
+    assert described["engine"] == "hf"
+    assert described["weights_format"] == "GPTQ-Int4 checkpoint, then dequantized at load"
     source = load(tiny_model_dir)
     ours = engine.loaded.model.model.layers[1].mlp.down_proj.weight.float()
     theirs = source.loaded.model.model.layers[1].mlp.down_proj.weight.float()
@@ -81,6 +83,39 @@ def test_the_engine_serves_it_dequantized(gptq_dir: Path, tiny_model_dir: Path) 
         b = source.loaded.model(torch.tensor([prompts[0]])).logits[0, -1]
     assert F.cosine_similarity(a.double(), b.double(), dim=0) >= 0.9
     assert engine.generate([row(engine, prompts[1])])[0].output_tokens >= 1
+
+
+def test_the_fast_engine_serves_it_in_int4(gptq_dir: Path) -> None:
+    """The fast engine takes the packed weights as they are (fused q/k/v and gate/up side by
+    side) and releases the dequantized copies; its product is the dequantized one's."""
+    reference = load(gptq_dir)
+    engine = load(gptq_dir, engine="fast")
+    described = engine.describe()
+    assert described["weights_format"] == (
+        "GPTQ-Int4 checkpoint, then int4 weight-only in the fast engine"
+    )
+    assert described["fast"]["projections"] == (
+        "int4 weight-only, a scale and zero point per 64 inputs"  # the tiny model's 64 inputs
+    )
+    layer = engine.runner.weights.layers[1]
+    assert layer.gate_up.dtype == torch.int32 and layer.gate_up.shape == (8, 256)
+    assert layer.gate_up_scale.shape == (2, 1, 256)
+    assert engine.loaded.model.model.layers[1].mlp.up_proj.weight.numel() == 0
+    tensors = load_file(str(gptq_dir / "model.safetensors"))
+    torch.testing.assert_close(layer.down, tensors["model.layers.1.mlp.down_proj.qweight"])
+    prompts = [engine.encode_prompt(t) for t in ("Good morning.", "今天天气很好。")]
+    fast = engine.generate([row(engine, p) for p in prompts])
+    slow = reference.generate([row(reference, p) for p in prompts])
+    # greedy over the same dequantized numbers (fp32 on the CPU)
+    assert [r.token_ids for r in fast] == [r.token_ids for r in slow]
+
+
+def test_act_order_without_static_groups_keeps_the_dequantized_path() -> None:
+    """A ``g_idx`` that is not ``column // group_size`` cannot use the kernel's groups."""
+    parts = gptq_pack(torch.randn(16, 256))
+    assert kernel_form(**parts) is not None
+    shuffled = {**parts, "g_idx": parts["g_idx"].flip(0)}
+    assert kernel_form(**shuffled) is None
 
 
 def row(engine, prompt):  # type: ignore[no-untyped-def]
@@ -105,3 +140,16 @@ def test_a_projection_with_missing_parts_is_refused(gptq_dir: Path, tmp_path: Pa
     save_file(tensors, str(broken / "model.safetensors"))
     with pytest.raises(ConfigurationError, match=r"k_proj: GPTQ parts .*missing \['qzeros'\]"):
         load(broken)
+
+
+@pytest.mark.parametrize("quantization", ["fp8", "int8"])
+def test_quantizing_it_again_is_refused(gptq_dir: Path, quantization: str) -> None:
+    with pytest.raises(ConfigurationError, match="this is a GPTQ-Int4 checkpoint"):
+        load(gptq_dir, quantization=quantization)
+
+
+def test_int4_names_what_it_already_is(gptq_dir: Path) -> None:
+    engine = load(gptq_dir, quantization="int4")  # the checkpoint's own weights, not requantized
+    assert engine.describe()["weights_format"] == (
+        "GPTQ-Int4 checkpoint, then int4 weight-only in the fast engine"
+    )

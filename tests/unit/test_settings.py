@@ -56,7 +56,7 @@ def test_choices_are_normalised() -> None:
         ({"model_path": "/m", "dtype": "int4"}, "dtype must be one of"),
         (
             {"model_path": "/m", "quantization": "gptq"},
-            "quantization must be one of ['none', 'fp8', 'int8', 'bnb-int8', 'nf4']",
+            "quantization must be one of ['none', 'fp8', 'int8', 'int4', 'bnb-int8', 'nf4']",
         ),
         (
             {"model_path": "/m", "max_new_tokenz": 5},

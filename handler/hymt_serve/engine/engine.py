@@ -119,18 +119,20 @@ class Engine:
             "max_position_embeddings": config.max_position_embeddings,
             "stop_token_ids": sorted(self.codec.stop_ids),
             "load_seconds": round(self.loaded.seconds, 2),
-            "weights_format": _weights_format_of(self.loaded),
+            "weights_format": _weights_format_of(self.loaded, self.fast),
             **self.loaded.plan.describe(),
         }
 
 
-def _weights_format_of(loaded: LoadedModel) -> str:
+def _weights_format_of(loaded: LoadedModel, fast: bool) -> str:
     """How the weights came (dtype, or the quantized checkpoint's format) and what became of
     them at load."""
     if loaded.fp8_scales is not None:
         return loaded.fp8_scales.describe()
     parts = [loaded.checkpoint_format or str(loaded.model.dtype).removeprefix("torch.")]
-    if loaded.plan.quantization in FAST_QUANTIZATION:
+    if loaded.int4 is not None:
+        parts.append("int4 weight-only in the fast engine" if fast else "dequantized at load")
+    elif loaded.plan.quantization in FAST_QUANTIZATION:
         parts.append(f"quantized to {loaded.plan.quantization} at load")
     return ", then ".join(parts)
 
@@ -192,6 +194,7 @@ def _pick_runner(
             max_seq_len=settings.max_input_tokens + settings.max_new_tokens,
             quantize=plan.quantization if own else "none",
             fp8_scales=loaded.fp8_scales,
+            int4=loaded.int4,
         )
     except UnsupportedModelError as error:
         if own:

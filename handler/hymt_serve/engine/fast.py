@@ -18,6 +18,7 @@ from torch import nn
 from hymt_serve.engine.attention import TRITON_KERNEL, kernel_name
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales
 from hymt_serve.engine.model import ModelShape, extract_weights
+from hymt_serve.engine.quantized import Int4Parts
 from hymt_serve.engine.runner import STEP_HEADROOM, FastRunner
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def build_fast_runner(
     compile_model: bool | None = None,
     quantize: str = "none",
     fp8_scales: Fp8Scales | None = None,
+    int4: Int4Parts | None = None,
 ) -> FastRunner:
     """A runner over ``model``'s weights; on CUDA compile and capture the steps' graphs.
 
@@ -50,7 +52,9 @@ def build_fast_runner(
     ``compile_model`` (None = same as graphs) runs inductor over the step before capture.
     ``quantize`` "fp8" makes the projections e4m3 (one scale each, inputs scaled at run
     time; with ``fp8_scales``, an FP8 checkpoint's, its weights as they are), "int8" int8
-    weights with a scale per output row (weight-only).
+    weights with a scale per output row, "int4" 4-bit weights with a scale per 128 inputs
+    (both weight-only); ``int4`` (a GPTQ checkpoint's projections) replaces the model's
+    dequantized ones.
     Raises :class:`UnsupportedModelError` if the model cannot run here (or no row fits).
     """
     start = time.perf_counter()
@@ -70,7 +74,7 @@ def build_fast_runner(
     config: Any = model.config
     with torch.inference_mode():
         runner = FastRunner(
-            extract_weights(model, quantize=quantize, scales=fp8_scales),
+            extract_weights(model, quantize=quantize, scales=fp8_scales, int4=int4),
             shape,
             max_batch_size=rows,
             max_seq_len=max_seq_len,

@@ -11,8 +11,12 @@ and ``g_idx`` (int32 ``[in]``: the group of each input column; with static group
 ``column // group_size`` even under ``desc_act``). ``weight[o, i] = scales[g_idx[i], o] *
 (q[i, o] - (qzeros[g_idx[i], o] + 1))``. ``lm_head`` stays unquantized.
 
-This is the correct path, not the fast one: the weights are dequantized to the model's dtype
-at load and served like a bf16 model (no int4 kernel yet, so no memory saving).
+Loading dequantizes each projection into the model (what transformers' forward serves when
+the fast engine is not used) and keeps it in the weight-only kernel's int4 form
+(:mod:`hymt_serve.engine.weight_only`: the packed ``qweight`` as it is, fp16 scales and zero
+points ``[2, groups, out]``), which the fast engine takes instead, releasing the dequantized
+copy. A projection whose ``g_idx`` is not ``column // group_size`` (act-order without static
+groups) keeps the dequantized path.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor, nn
 
+from hymt_serve.engine.weight_only import unpack_int4
 from hymt_serve.request.errors import ConfigurationError
 
 SUPPORTED = "GPTQ 4-bit, symmetric, group_size 128 or -1, checkpoint_format gptq (v1)"
@@ -42,32 +47,43 @@ def gptq_config(config: dict[str, Any]) -> dict[str, Any] | None:
     return quantization
 
 
-def unpack_rows(packed: Tensor) -> Tensor:
-    """int32 ``[rows, cols]`` of eight 4-bit values each (lowest bits first, along the rows)
-    -> ``[rows * 8, cols]`` values 0-15."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
-    values = (packed[:, None, :] >> shifts[None, :, None]) & 0xF
-    return values.reshape(-1, packed.shape[1])
-
-
 def unpack_columns(packed: Tensor) -> Tensor:
-    """The same packing along the columns: ``[rows, cols]`` -> ``[rows, cols * 8]``."""
-    return unpack_rows(packed.T.contiguous()).T
+    """:func:`unpack_int4`'s packing along the columns: ``[rows, cols]`` -> ``[rows, cols * 8]``."""
+    return unpack_int4(packed.T.contiguous()).T
 
 
 def dequantize(qweight: Tensor, qzeros: Tensor, scales: Tensor, g_idx: Tensor) -> Tensor:
     """One projection's float32 weight ``[out, in]``."""
-    q = unpack_rows(qweight)  # [in, out]
+    q = unpack_int4(qweight)  # [in, out]
     zeros = unpack_columns(qzeros) + 1  # [groups, out]; stored minus one
     groups = g_idx.long()
     weight = scales.float()[groups] * (q - zeros[groups]).float()  # [in, out]
     return weight.T.contiguous()
 
 
-def load_gptq_weights(model: nn.Module, model_path: Path) -> int:
+def kernel_form(
+    qweight: Tensor, qzeros: Tensor, scales: Tensor, g_idx: Tensor
+) -> tuple[Tensor, Tensor] | None:
+    """The projection as the weight-only kernel takes it (None when its groups are not
+    consecutive runs of columns)."""
+    groups = scales.shape[0]
+    inputs = qweight.shape[0] * 8
+    if inputs % groups:
+        return None
+    consecutive = torch.arange(inputs, device=g_idx.device) // (inputs // groups)
+    if not torch.equal(g_idx.long(), consecutive):
+        return None
+    zeros = (unpack_columns(qzeros) + 1).to(torch.float16)  # stored minus one
+    return qweight.contiguous(), torch.stack([scales.to(torch.float16), zeros])
+
+
+def load_gptq_weights(
+    model: nn.Module, model_path: Path
+) -> tuple[int, dict[str, tuple[Tensor, Tensor]]]:
     """Dequantize every GPTQ projection of ``model_path`` into ``model``'s modules of the same
-    name (their weights were left uninitialised by the load). Returns how many. Raises
-    ConfigurationError when a projection's parts are missing or do not fit its module."""
+    name (their weights were left uninitialised by the load). Returns how many, and each one's
+    int4 kernel form by module name (see :func:`kernel_form`). Raises ConfigurationError when
+    a projection's parts are missing or do not fit its module."""
     parts: dict[str, dict[str, Tensor]] = {}
     for path in sorted(model_path.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as handle:
@@ -76,6 +92,7 @@ def load_gptq_weights(model: nn.Module, model_path: Path) -> int:
                 if leaf in PARTS:
                     parts.setdefault(module, {})[leaf] = handle.get_tensor(key)
     modules = dict(model.named_modules())
+    packed: dict[str, tuple[Tensor, Tensor]] = {}
     for name, found in parts.items():
         missing = [part for part in PARTS if part not in found]
         linear = modules.get(name)
@@ -92,6 +109,9 @@ def load_gptq_weights(model: nn.Module, model_path: Path) -> int:
             )
         with torch.no_grad():
             linear.weight.copy_(weight.to(linear.weight.dtype))
+        form = kernel_form(found["qweight"], found["qzeros"], found["scales"], found["g_idx"])
+        if form is not None:
+            packed[name] = form
     if not parts:
         raise ConfigurationError(f"no GPTQ projection found in {model_path}")
-    return len(parts)
+    return len(parts), packed

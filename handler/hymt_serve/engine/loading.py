@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales, fp8_scheme, read_config, read_scales
 from hymt_serve.engine.gptq_checkpoint import gptq_config, load_gptq_weights
+from hymt_serve.engine.quantized import Int4Parts
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.settings import Settings
 
@@ -80,7 +81,7 @@ def _quantization(name: str, device: torch.device) -> str:
         return name
     if name == "fp8":
         return _fp8(device)
-    if name == "int8":  # the fast engine's own weight-only int8: any device
+    if name in ("int8", "int4"):  # the fast engine's own weight-only kinds: any device
         return name
     if device.type != "cuda":
         raise ConfigurationError(f"quantization {name!r} needs a CUDA device (bitsandbytes)")
@@ -93,7 +94,7 @@ def _quantization(name: str, device: torch.device) -> str:
 
 
 BITSANDBYTES = ("bnb-int8", "nf4")  # quantized by transformers at load (the hf engine)
-FAST_QUANTIZATION = ("fp8", "int8")  # quantized by the fast engine at build
+FAST_QUANTIZATION = ("fp8", "int8", "int4")  # quantized by the fast engine at build
 # FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards.
 FP8_CAPABILITY = (8, 9)
 
@@ -146,6 +147,7 @@ class LoadedModel:
     parameters: int = 0  # counted at load (fp8 releases the model's own projection weights)
     fp8_scales: Fp8Scales | None = None  # an FP8 checkpoint's scales (Tencent's -fp8 models)
     checkpoint_format: str | None = None  # what a quantized checkpoint was, and what became of it
+    int4: Int4Parts | None = None  # a GPTQ checkpoint's projections in the int4 kernel's form
 
 
 def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
@@ -159,12 +161,13 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
     kwargs = load_kwargs(plan)
     raw = read_config(settings.model_path)
     gptq = _gptq_checkpoint(settings, raw, kwargs)
+    int4: Int4Parts | None = None
     plan, scales = (plan, None) if gptq else _fp8_checkpoint(settings, plan, raw, kwargs)
     model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **kwargs)
     if gptq:
-        count = load_gptq_weights(model, settings.model_path)
-        logger.info("dequantized %d GPTQ-Int4 projections at load", count)
-    if plan.quantization not in BITSANDBYTES:  # fp8, int8: quantized by the fast engine
+        count, int4 = load_gptq_weights(model, settings.model_path)
+        logger.info("read %d GPTQ-Int4 projections (%d in int4 form)", count, len(int4))
+    if plan.quantization not in BITSANDBYTES:  # fp8, int8, int4: quantized by the fast engine
         model.to(plan.device)
     model.eval()
     _check_context(model.config, settings)
@@ -172,23 +175,17 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
     seconds = time.perf_counter() - started
     logger.info("loaded %s in %.1f s: %s", model.config.model_type, seconds, plan.describe())
     parameters = sum(p.numel() for p in model.parameters())
-    described = (
-        scales.describe()
-        if scales
-        else "GPTQ-Int4 checkpoint, dequantized at load (no int4 kernel yet)"
-        if gptq
-        else None
-    )
-    return LoadedModel(model, plan, seconds, parameters, scales, described)
+    described = scales.describe() if scales else "GPTQ-Int4 checkpoint" if gptq else None
+    return LoadedModel(model, plan, seconds, parameters, scales, described, int4 or None)
 
 
 def _gptq_checkpoint(settings: Settings, raw: dict[str, Any], kwargs: dict[str, Any]) -> bool:
     """For a GPTQ-Int4 checkpoint: a config without ``quantization_config`` in ``kwargs`` (its
     projections are dequantized after the load). Raises ConfigurationError for a GPTQ variant
-    this loader cannot read, or bitsandbytes asked on top of it."""
+    this loader cannot read, or another quantization asked on top of it."""
     if gptq_config(raw) is None:
         return False
-    if settings.quantization in BITSANDBYTES:
+    if settings.quantization not in ("none", "int4"):
         raise ConfigurationError(
             f"this is a GPTQ-Int4 checkpoint: quantization {settings.quantization!r} cannot "
             "apply to it (leave quantization 'none')"

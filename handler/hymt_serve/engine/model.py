@@ -22,19 +22,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hymt_serve.engine import weight_only
 from hymt_serve.engine.attention import decode_attention
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales
 from hymt_serve.engine.inputs import PackedPrompts
-from hymt_serve.engine.quantized import FP8, QUANTIZERS, checkpoint_group, linear
+from hymt_serve.engine.quantized import (
+    FP8,
+    QUANTIZERS,
+    Int4Parts,
+    checkpoint_group,
+    int4_group,
+    linear,
+)
 
 
 class LayerWeights(NamedTuple):
     """One decoder layer's tensors, in the order the step functions take them as arguments.
 
-    A projection is either a bf16/fp16/fp32 weight ``[out, in]`` (its two scales empty) or an
-    FP8 (e4m3) weight with its fp32 scale ``[1]`` and the input's scale: one fp32 value
-    (static, from calibration) or empty (dynamic: from each input at run time). See
-    :func:`linear`."""
+    A projection is a bf16/fp16/fp32 weight ``[out, in]`` (its two scales empty); an FP8
+    (e4m3) weight with its fp32 scale ``[1]`` and the input's scale: one fp32 value (static,
+    from calibration) or empty (dynamic: from each input at run time); an int8 weight with
+    fp32 scales ``[out]``; or int4 (int32 ``[in / 8, out]``) with fp16 scales and zero
+    points ``[2, groups, out]``. See :func:`linear`."""
 
     input_norm: Tensor
     qkv: Tensor  # q, k and v projections fused
@@ -92,9 +101,15 @@ class ModelWeights:
         facts: dict[str, object] = {
             "weight_bytes": sum(t.numel() * t.element_size() for t in tensors)
         }
+        on_gpu = projection.is_cuda and weight_only.has_triton()
+        widened = "Triton weight-only kernel" if on_gpu else "dequantized reference"
         if projection.dtype == torch.int8:
             facts["projections"] = "int8 weight-only, a scale per output row"
-            facts["projection_kernel"] = "int8 weights cast to the input's dtype, dense product"
+            facts["projection_kernel"] = widened
+        if projection.dtype == torch.int32:
+            group = weight_only.in_features(projection) // self.layers[0].qkv_scale.shape[1]
+            facts["projections"] = f"int4 weight-only, a scale and zero point per {group} inputs"
+            facts["projection_kernel"] = widened
         if projection.dtype == FP8:
             static = self.layers[0].qkv_input.numel() > 0
             facts["projections"] = (
@@ -138,7 +153,11 @@ def pad_rows(param: nn.Parameter, multiple: int) -> Tensor:
 
 
 def extract_weights(
-    model: nn.Module, *, quantize: str = "none", scales: Fp8Scales | None = None
+    model: nn.Module,
+    *,
+    quantize: str = "none",
+    scales: Fp8Scales | None = None,
+    int4: Int4Parts | None = None,
 ) -> ModelWeights:
     """Collect (and fuse) the weights of a ``HunYuanDenseV1ForCausalLM``; with ``quantize``
     "fp8" its projections become e4m3 with one scale each (inputs scaled at run time), with
@@ -147,7 +166,9 @@ def extract_weights(
     projections (q/k/v, gate/up) share one scale. With an FP8 checkpoint's ``scales`` the
     model's projection weights hold e4m3 values already: they are taken as they are, those
     of a fused group brought to its largest scale (as vLLM does), inputs scaled by the
-    group's largest static input scale."""
+    group's largest static input scale. With a GPTQ checkpoint's ``int4`` parts (by module
+    name, in the weight-only kernel's form) the projections take those; the model's
+    dequantized copies are released."""
     hf: Any = model
     core = hf.model
     layers: list[LayerWeights] = []
@@ -162,9 +183,12 @@ def extract_weights(
         names = {id(m): f"model.layers.{index}.{n}" for n, m in layer.named_modules()}
         projections: dict[str, Tensor] = {}
         for name, linears in groups.items():
+            modules = [names[id(m)] for m in linears]
             if scales is not None:
-                modules = [names[id(m)] for m in linears]
                 projections.update(checkpoint_group(name, linears, modules, scales))
+                continue
+            if int4 is not None and all(module in int4 for module in modules):
+                projections.update(int4_group(name, linears, [int4[m] for m in modules]))
                 continue
             fused = fuse_linears(linears) if len(linears) > 1 else linears[0].weight.detach()
             empty = fused.new_empty(0, dtype=torch.float32)
@@ -275,6 +299,10 @@ def make_step_functions(shape: ModelShape, compile_: bool) -> StepFunctions:
 
     if not compile_:
         return StepFunctions(first, middle, last)  # type: ignore[arg-type]
+    # Every engine of a process compiles these same functions again (other weight dtypes and
+    # shapes; the weight-only kernel's row classes add graphs): dynamo's default of 8
+    # versions per function ran out in a process that built six engines.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return StepFunctions(
         _compiled(first, activations=3), _compiled(middle, activations=4), _compiled(last, 2)
     )

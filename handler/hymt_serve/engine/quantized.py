@@ -1,6 +1,7 @@
 """Quantized projections for the fast engine: FP8 (e4m3, tensor-wise scales, on FP8 tensor
-cores) and int8 weight-only (a scale per output row), the product that runs either, and taking
-an FP8 checkpoint's weights with their own scales (:mod:`hymt_serve.engine.fp8_checkpoint`).
+cores), int8 weight-only (a scale per output row) and int4 weight-only (GPTQ's packing, a scale
+per 128 inputs), the product that runs each, and taking an FP8 checkpoint's weights with their
+own scales (:mod:`hymt_serve.engine.fp8_checkpoint`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hymt_serve.engine import weight_only
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales
+
+Int4Parts = dict[str, tuple[Tensor, Tensor]]  # module name -> packed weight, scales and zeros
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3 value
@@ -24,8 +28,8 @@ def quantize_tensor(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor) -> Tensor:
-    """``x @ weight.T`` for a plain weight, on FP8 tensor cores for an e4m3 one, and through
-    a cast for an int8 one (weight-only, a scale per output row).
+    """``x @ weight.T`` for a plain weight, on FP8 tensor cores for an e4m3 one, and in the
+    weight-only kernel (:mod:`hymt_serve.engine.weight_only`) for int8 and int4 ones.
 
     FP8 (tensor-wise, as the published FP8 checkpoints are): ``weight_scale`` is one value,
     and ``x`` is quantized to e4m3 with ``input_scale`` (static, one value) or, when that is
@@ -34,11 +38,12 @@ def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor)
     inductor fuses the quantization into the kernel that makes ``x`` (a norm, the SiLU
     product). Tensor-wise, not row-wise: on an H200 a pass over the 7B's projections takes
     2.1 ms at 1 token tensor-wise, 3.8 ms row-wise and 3.6 ms in bf16
-    (benchmarks/decode/fp8_gemm.py). Off CUDA the same numbers go through a dequantized fp32
-    product (the reference the tests hold the kernel to).
+    (benchmarks/decode/fp8_gemm.py); widening e4m3 weights to bf16 in the weight-only kernel
+    instead took 2.7 ms (benchmarks/decode/weight_only_gemm.py). Off CUDA the same numbers
+    go through a dequantized fp32 product (the reference the tests hold the kernels to).
     """
-    if weight.dtype == torch.int8:  # weight-only; inductor does not fuse this cast (yet)
-        return F.linear(x, weight.to(x.dtype)) * weight_scale.to(x.dtype)
+    if weight.dtype in (torch.int8, torch.int32):
+        return weight_only.linear(x, weight, weight_scale)
     if weight.dtype != FP8:
         return F.linear(x, weight)
     if input_scale.numel():
@@ -62,7 +67,11 @@ def quantize_int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
-QUANTIZERS = {"fp8": quantize_tensor, "int8": quantize_int8_rows}
+QUANTIZERS = {
+    "fp8": quantize_tensor,
+    "int8": quantize_int8_rows,
+    "int4": weight_only.quantize_int4_groups,
+}
 
 
 def checkpoint_group(
@@ -84,4 +93,19 @@ def checkpoint_group(
         name: torch.cat(parts) if len(parts) > 1 else parts[0],
         f"{name}_scale": common.reshape(1).to(device),
         f"{name}_input": static.to(device),
+    }
+
+
+def int4_group(
+    name: str, linears: list[nn.Linear], parts: list[tuple[Tensor, Tensor]]
+) -> dict[str, Tensor]:
+    """One fused group of a GPTQ checkpoint in the weight-only kernel's form: the packed
+    weights and their scales and zero points side by side along the outputs."""
+    device = linears[0].weight.device
+    for linear in linears:  # the model's dequantized copy goes
+        linear.weight.data = linear.weight.new_empty(0)
+    return {
+        name: torch.cat([weight for weight, _ in parts], dim=1).to(device),
+        f"{name}_scale": torch.cat([scale for _, scale in parts], dim=2).to(device),
+        f"{name}_input": torch.empty(0, device=device),
     }

@@ -27,6 +27,7 @@ from torch import nn
 
 from hymt_serve.engine.fp8_checkpoint import PROJECTIONS
 from hymt_serve.engine.quantized import FP8, FP8_MAX
+from hymt_serve.engine.weight_only import pack_int4, quantize_int4_groups
 
 IGNORED = ["lm_head", "model.embed_tokens"]
 # Sentences for calibration: the scales must cover the inputs translation prompts make.
@@ -164,22 +165,14 @@ def gptq_quantization_config() -> dict[str, Any]:
 def gptq_pack(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     """One projection ``[out, in]`` as GPTQ's parts: symmetric 4-bit per (group of 128 input
     columns, output row), round to nearest; zero point 8, stored minus one."""
-    out_features, in_features = weight.shape
-    groups = -(-in_features // GPTQ_GROUP)
-    g_idx = torch.arange(in_features, dtype=torch.int32) // GPTQ_GROUP
-    w = weight.float().T  # [in, out]
-    peak = torch.stack([w[g_idx == g].abs().amax(dim=0) for g in range(groups)])  # [groups, out]
-    scales = (2 * peak / 15).clamp(min=1e-8).to(torch.float16)
-    q = (w / scales.float()[g_idx.long()]).round().add(8).clamp(0, 15).to(torch.int32)
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    qweight = (q.reshape(in_features // 8, 8, out_features) << shifts[None, :, None]).sum(1)
-    zeros = torch.full((groups, out_features), 8 - 1, dtype=torch.int32)
-    qzeros = (zeros.reshape(groups, out_features // 8, 8) << shifts[None, None, :]).sum(2)
+    qweight, scale = quantize_int4_groups(weight, GPTQ_GROUP)
+    groups = scale.shape[1]
+    zeros = scale[1].to(torch.int32) - 1  # the format's historical offset
     return {
-        "qweight": qweight.to(torch.int32),
-        "qzeros": qzeros.to(torch.int32),
-        "scales": scales,
-        "g_idx": g_idx,
+        "qweight": qweight,
+        "qzeros": pack_int4(zeros.T.contiguous()).T.contiguous(),
+        "scales": scale[0].contiguous(),
+        "g_idx": torch.arange(weight.shape[1], dtype=torch.int32) // (weight.shape[1] // groups),
     }
 
 

@@ -23,7 +23,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda"),
     "dtype": ("auto", "bfloat16", "float16", "float32"),
     "attention": ("auto", "flash_attention_2", "sdpa", "eager"),
-    "quantization": ("none", "fp8", "int8", "bnb-int8", "nf4"),
+    "quantization": ("none", "fp8", "int8", "int4", "bnb-int8", "nf4"),
     "engine": ("auto", "hf", "fast"),
     "prompt_family": ("auto", "hunyuan-mt-7b", "hunyuan-mt-chimera", "hy-mt1.5", "hy-mt2"),
 }

@@ -1,0 +1,356 @@
+"""Weight-only products for the fast engine: ``x @ W.T`` where ``W`` is stored in fewer bits
+and widened inside the product's inner loop, so each weight byte is read once.
+
+Two weight forms, one Triton kernel:
+
+- ``int8``: ``[out, in]`` int8 with one fp32 scale per output row (``quantization: int8``,
+  for GPUs without FP8 tensor cores);
+- ``int4``: GPTQ's own packing, int32 ``[in / 8, out]`` (eight 4-bit values along the input,
+  lowest bits first) with fp16 ``[2, groups, out]``: each group's scales, then its zero
+  points; ``w = scale * (q - zero)`` for the group ``in // group_size`` (GPTQ-Int4
+  checkpoints with static groups, and ``quantization: int4``).
+
+The kernel tiles the output columns and splits the input dimension so that even a
+4,096-column product fills the GPU, widens each weight tile to the input's dtype, multiplies
+on tensor cores with fp32 accumulation and writes fp32 partial sums ``[splits, rows, out]``;
+the caller sums the splits and applies int8's row scale, which inductor fuses into the next
+kernel. int4 words are not unpacked into a tile: nibble ``j`` of every word meets the inputs
+``j, j + 8, j + 16, ...`` of the block in a product of its own, so no data moves between
+threads. One row runs on CUDA cores (:func:`_define_kernels`' one-row kernel) where that is
+faster (int4); more than 16 rows of int4 widen the weights for cuBLAS (:func:`widened`).
+It runs as the custom op ``hymt::weight_only`` so that compiled step functions carry it.
+Off CUDA (or without Triton) :func:`reference` computes the same numbers from the
+dequantized weight.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU image has no Triton; the reference serves there
+    triton = None
+    tl = None
+
+INT8, INT4 = 0, 2
+FEW_ROWS = 16  # up to this many rows a product is a read of the weights
+
+
+class Config(NamedTuple):
+    """The kernel's tiles (``block_m`` 0: the rows rounded up to a power of two, 16 to 128;
+    1: the one-row kernel), and how many programs the input dimension is split to reach."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+    programs: int
+
+
+# Chosen on an H200 by benchmarks/decode/weight_only_gemm.py (a sweep over one pass of a
+# 7B's projections): for one row, 2-16 rows, and more.
+ONE_ROW_CONFIGS = {
+    INT8: Config(16, 64, 256, 4, 3, 264),
+    INT4: Config(1, 64, 128, 4, 3, 528),
+}
+FEW_ROWS_CONFIGS = {
+    INT8: Config(16, 64, 256, 4, 3, 264),
+    INT4: Config(16, 128, 128, 4, 3, 528),
+}
+MANY_ROWS_CONFIGS = {
+    INT8: Config(0, 128, 128, 4, 3, 132),
+    INT4: Config(0, 128, 128, 4, 3, 264),
+}
+
+
+def config_for(kind: int, rows: int) -> Config:
+    """The tiles for ``rows`` rows of input. The split of the input dimension depends on the
+    class (one, few or many rows) only, so a compiled step traced with a symbolic batch
+    (always more than one row) knows it."""
+    if rows == 1:
+        return ONE_ROW_CONFIGS[kind]
+    if rows <= FEW_ROWS:
+        return FEW_ROWS_CONFIGS[kind]
+    config = MANY_ROWS_CONFIGS[kind]
+    if config.block_m == 0 and isinstance(rows, int):
+        return config._replace(block_m=min(128, triton.next_power_of_2(rows)))
+    return config
+
+
+def kind_of(weight: Tensor) -> int | None:
+    """The form of a projection's weight (None for a plain float weight)."""
+    return {torch.int8: INT8, torch.int32: INT4}.get(weight.dtype)
+
+
+def out_features(weight: Tensor) -> int:
+    return weight.shape[1] if weight.dtype == torch.int32 else weight.shape[0]
+
+
+def in_features(weight: Tensor) -> int:
+    return weight.shape[0] * 8 if weight.dtype == torch.int32 else weight.shape[1]
+
+
+def unpack_int4(packed: Tensor) -> Tensor:
+    """int32 ``[rows, cols]`` of eight 4-bit values each (lowest bits first, along the rows)
+    -> int32 ``[rows * 8, cols]`` of values 0-15."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    return ((packed[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(-1, packed.shape[1])
+
+
+def pack_int4(values: Tensor) -> Tensor:
+    """The inverse of :func:`unpack_int4`: ``[rows * 8, cols]`` of 0-15 -> int32
+    ``[rows, cols]``."""
+    grouped = values.to(torch.int32).reshape(-1, 8, values.shape[1])
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=values.device)
+    packed = torch.zeros(
+        grouped.shape[0], grouped.shape[2], dtype=torch.int64, device=values.device
+    )
+    for j in range(8):  # bit 31 set makes the int32 negative: assemble in int64, then wrap
+        packed |= (grouped[:, j, :].long() & 0xF) << int(shifts[j])
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def quantize_int4_groups(weight: Tensor, group: int = 128) -> tuple[Tensor, Tensor]:
+    """``weight [out, in]`` as symmetric 4-bit with a scale per ``group`` inputs and output,
+    as GPTQ's symmetric quantizer grids it (scale ``2 * max|w| / 15`` in fp16, zero point 8,
+    round to nearest): the packed int32 ``[in / 8, out]`` and fp16 ``[2, groups, out]``
+    scales and zero points. An input dimension that is not a whole number of groups makes
+    one group (GPTQ's ``group_size: -1``)."""
+    out, inputs = weight.shape
+    if inputs % 8:
+        raise ValueError(f"int4 needs an input dimension divisible by 8, got {inputs}")
+    group = group if inputs % group == 0 else inputs
+    w = weight.float().T.reshape(inputs // group, group, out)  # [groups, group, out]
+    scale = (2 * w.abs().amax(dim=1) / 15).clamp(min=1e-8).half()  # [groups, out]
+    q = (w / scale.float()[:, None, :]).round().add(8).clamp(0, 15)
+    zeros = torch.full_like(scale, 8.0)
+    return pack_int4(q.reshape(inputs, out)), torch.stack([scale, zeros])
+
+
+def dequantize(weight: Tensor, scale: Tensor) -> Tensor:
+    """Any weight form as float32 ``[out, in]``."""
+    kind = kind_of(weight)
+    if kind == INT4:
+        return _int4_inputs_first(weight, scale).T.contiguous()
+    if kind == INT8:
+        return weight.float() * scale.float()[:, None]
+    return weight.float()
+
+
+def _int4_inputs_first(weight: Tensor, scale: Tensor) -> Tensor:
+    """An int4 weight as float32 ``[in, out]`` (its packed layout's order)."""
+    inputs, cols = in_features(weight), weight.shape[1]
+    groups = scale.shape[1]
+    q = unpack_int4(weight).view(groups, inputs // groups, cols).float()
+    return ((q - scale[1].float()[:, None, :]) * scale[0].float()[:, None, :]).view(inputs, cols)
+
+
+def reference(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    """The product from the dequantized weight (fp32), in ``x``'s dtype."""
+    return F.linear(x.float(), dequantize(weight, scale)).to(x.dtype)
+
+
+def has_triton() -> bool:
+    """Whether the kernels can run at all (on CUDA tensors)."""
+    return triton is not None
+
+
+def widened(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    """int4 weights widened to ``x``'s dtype, then one dense product. For more than a few rows
+    on the GPU: the tiled int4 kernel took 22.7 ms per pass over a 7B's projections at 64
+    rows (bf16: 4.1 ms; int8 in the same kernel: 3.8 ms; weight_only_gemm.py), its eight
+    16-deep products per block starving the tensor cores. Inside a compiled step the
+    widening is one fused kernel that writes the bf16 weight for cuBLAS."""
+    return x @ _int4_inputs_first(weight, scale).to(x.dtype)
+
+
+def kernel_available(x: Tensor) -> bool:
+    return triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def splits_for(weight: Tensor, config: Config) -> int:
+    """How many parts the input dimension is split into: enough programs to reach
+    ``config.programs`` (many rows: one part)."""
+    tiles = -(-out_features(weight) // config.block_n)
+    k_tiles = in_features(weight) // config.block_k
+    splits = 1
+    while tiles * splits < config.programs and splits * 2 <= k_tiles:
+        splits *= 2
+    return splits
+
+
+def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    """``x @ dequantize(weight, scale).T`` in ``x``'s dtype: the kernel on CUDA, else the
+    reference. Inside a compiled function the scale and the sum over splits fuse into the
+    kernel that follows."""
+    kind = kind_of(weight)
+    assert kind is not None, weight.dtype
+    if not kernel_available(x) or (kind == INT4 and in_features(weight) // scale.shape[1] % 128):
+        return reference(x, weight, scale)  # (the kernel takes int4 groups of 128 inputs or more)
+    if kind == INT4 and x.shape[0] > FEW_ROWS:
+        return widened(x, weight, scale)
+    splits = splits_for(weight, config_for(kind, x.shape[0]))
+    group = in_features(weight) // scale.shape[1] if kind == INT4 else 0
+    parts: Tensor = torch.ops.hymt.weight_only(x.contiguous(), weight, scale, kind, group, splits)
+    out = parts.sum(0) if splits > 1 else parts[0]
+    if kind == INT8:
+        out = out * scale
+    return out.to(x.dtype)
+
+
+@torch.library.custom_op("hymt::weight_only", mutates_args=())
+def _weight_only(
+    x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int
+) -> Tensor:
+    config = config_for(kind, x.shape[0])
+    return launch(x, weight, scale, kind, group, splits, config)
+
+
+@_weight_only.register_fake
+def _(x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int) -> Tensor:
+    return x.new_empty(splits, x.shape[0], out_features(weight), dtype=torch.float32)
+
+
+def launch(
+    x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int, config: Config
+) -> Tensor:
+    """Run the kernel: fp32 partial products ``[splits, rows, out]`` (the int4 group scales
+    applied, the int8 row scales not)."""
+    rows, inputs = x.shape
+    cols = out_features(weight)
+    if kind == INT4 and group % config.block_k:
+        config = config._replace(block_k=group)
+    parts = x.new_empty(splits, rows, cols, dtype=torch.float32)
+    span = triton.cdiv(inputs, splits * config.block_k) * config.block_k
+    grid = (triton.cdiv(cols, config.block_n), splits, triton.cdiv(rows, config.block_m))
+    one_row = config.block_m == 1
+    kernel = _kernels()[1 if one_row else 0]
+    kernel[grid](
+        x, weight, scale, parts, rows, cols, inputs, x.stride(0),
+        KIND=kind, GROUP=max(group, 1), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, SPAN=span, num_warps=config.warps, num_stages=config.stages,
+    )  # fmt: skip
+    return parts
+
+
+_KERNELS: list[tuple[Any, Any]] = []
+
+
+def _kernels() -> tuple[Any, Any]:
+    """The tiled kernel (tensor cores) and the one-row kernel (CUDA cores), defined once."""
+    if not _KERNELS:
+        _KERNELS.append(_define_kernels())
+    return _KERNELS[0]
+
+
+def _define_kernels() -> tuple[Any, Any]:
+    @triton.jit  # type: ignore[untyped-decorator]
+    def weight_only_kernel(  # type: ignore[no-untyped-def]
+        x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
+        KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN: tl.constexpr,
+    ):  # fmt: skip
+        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < M
+        col_ok = cols < N
+        start = tl.program_id(1) * SPAN
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for offset in range(0, SPAN, BLOCK_K):
+            k0 = start + offset
+            if KIND == 2:
+                words = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+                word_ok = words < K // 8
+                packed = tl.load(
+                    w_ptr + words[:, None] * N + cols[None, :],
+                    mask=word_ok[:, None] & col_ok[None, :],
+                    other=0,
+                )
+                g = k0 // GROUP  # past K (the last split's tail) everything loads as zero
+                live = col_ok & (k0 < K)
+                scale = tl.load(s_ptr + g * N + cols, mask=live, other=0.0).to(tl.float32)
+                zero = tl.load(s_ptr + (K // GROUP + g) * N + cols, mask=live, other=0.0)
+                zero = zero.to(tl.float32)
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for j in tl.static_range(8):  # nibble j: inputs k0 + j, k0 + j + 8, ...
+                    x = tl.load(
+                        x_ptr + rows[:, None] * stride_xm + (words * 8 + j)[None, :],
+                        mask=row_ok[:, None] & word_ok[None, :],
+                        other=0.0,
+                    )
+                    q = ((packed >> (4 * j)) & 0xF).to(tl.float32) - zero[None, :]
+                    part += tl.dot(x, q.to(x.dtype))
+                acc += part * scale[None, :]
+            else:
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_ok = ks < K
+                x = tl.load(
+                    x_ptr + rows[:, None] * stride_xm + ks[None, :],
+                    mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0,
+                )
+                w = tl.load(
+                    w_ptr + cols[None, :] * K + ks[:, None],
+                    mask=k_ok[:, None] & col_ok[None, :],
+                    other=0,
+                )
+                acc += tl.dot(x, w.to(x.dtype))
+        out = out_ptr + tl.program_id(1) * M * N + rows[:, None] * N + cols[None, :]
+        tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def one_row_kernel(  # type: ignore[no-untyped-def]
+        x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
+        KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN: tl.constexpr,
+    ):  # fmt: skip
+        # Products of single rows on CUDA cores: a [k, n] tile of fp32 partial sums, reduced
+        # over k once at the end. One program per (column tile, split, row).
+        row = tl.program_id(2)
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        start = tl.program_id(1) * SPAN
+        DEPTH: tl.constexpr = BLOCK_K // 8 if KIND == 2 else BLOCK_K
+        acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
+        for offset in range(0, SPAN, BLOCK_K):
+            k0 = start + offset
+            if KIND == 2:
+                words = k0 // 8 + tl.arange(0, DEPTH)
+                word_ok = words < K // 8
+                packed = tl.load(
+                    w_ptr + words[:, None] * N + cols[None, :],
+                    mask=word_ok[:, None] & col_ok[None, :],
+                    other=0,
+                )
+                g = k0 // GROUP
+                live = col_ok & (k0 < K)
+                scale = tl.load(s_ptr + g * N + cols, mask=live, other=0.0).to(tl.float32)
+                zero = tl.load(s_ptr + (K // GROUP + g) * N + cols, mask=live, other=0.0)
+                zero = zero.to(tl.float32)
+                part = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
+                for j in tl.static_range(8):
+                    x = tl.load(x_ptr + row * stride_xm + words * 8 + j, mask=word_ok, other=0.0)
+                    q = ((packed >> (4 * j)) & 0xF).to(tl.float32) - zero[None, :]
+                    part += q * x.to(tl.float32)[:, None]
+                acc += part * scale[None, :]
+            else:
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_ok = ks < K
+                x = tl.load(x_ptr + row * stride_xm + ks, mask=k_ok, other=0.0)
+                w = tl.load(
+                    w_ptr + cols[None, :] * K + ks[:, None],
+                    mask=k_ok[:, None] & col_ok[None, :],
+                    other=0,
+                )
+                acc += w.to(tl.float32) * x.to(tl.float32)[:, None]
+        out = out_ptr + tl.program_id(1) * M * N + row * N + cols
+        tl.store(out, tl.sum(acc, axis=0), mask=col_ok)
+
+    return weight_only_kernel, one_row_kernel

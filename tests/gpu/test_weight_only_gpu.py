@@ -1,0 +1,78 @@
+"""The weight-only kernel (int8, int4) on the GPU: against the dequantized reference, inside a
+compiled function with a dynamic batch, and 7B-shaped models quantized at load against their
+bf16 selves."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from runner_helpers import teacher_forced_logits
+from test_fast_engine_gpu import PROMPTS
+
+from hymt_serve.engine import weight_only
+from hymt_serve.engine.fast import build_fast_runner
+from hymt_serve.engine.quantized import QUANTIZERS
+from hymt_serve.ops.tiny_model import random_7b_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
+]
+
+
+@pytest.mark.parametrize("form", ["int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 7, 16, 17, 64, 300])
+@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 14336), (200, 384)])
+def test_the_kernel_matches_the_dequantized_reference(
+    form: str, rows: int, shape: tuple[int, int]
+) -> None:
+    torch.manual_seed(rows)
+    weight = torch.randn(*shape, device="cuda") * 0.02
+    q, scale = QUANTIZERS[form](weight)
+    x = torch.randn(rows, shape[1], device="cuda", dtype=torch.bfloat16)
+    ours = weight_only.linear(x, q, scale)
+    reference = weight_only.reference(x.float(), q, scale)
+    assert ours.dtype == torch.bfloat16 and ours.shape == (rows, shape[0])
+    error = (ours.float() - reference).norm() / reference.norm()
+    assert error < 1e-2  # bf16 output rounding and the accumulation order
+
+
+@pytest.mark.parametrize("form", ["int8", "int4"])
+def test_the_kernel_runs_inside_a_compiled_function_with_a_dynamic_batch(form: str) -> None:
+    torch.manual_seed(0)
+    torch._dynamo.reset()  # one compiled function per form
+    q, scale = QUANTIZERS[form](torch.randn(1024, 512, device="cuda") * 0.02)
+
+    def project(x: torch.Tensor) -> torch.Tensor:
+        return F.silu(weight_only.linear(x, q, scale)) + 1
+
+    compiled = torch.compile(project, fullgraph=True)
+    for rows in (1, 5, 9, 40, 130):
+        x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
+        if rows > 1:
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+        expected = project(x)
+        assert torch.allclose(compiled(x).float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(("form", "bound"), [("int8", 0.85), ("int4", 0.4)])
+def test_a_7b_model_in_weight_only_form_stays_close_to_bf16(form: str, bound: float) -> None:
+    """As for FP8 (test_fp8_gpu): random weights make a chaotic network, so the bound catches
+    a projection gone wrong (a wrong scale, group or packing gives a cosine near 0), not a
+    trained model's quality. int4 rounds to 16 levels per group of 128: it moves further."""
+    model = random_7b_model("cuda")
+    dense = build_fast_runner(copy.deepcopy(model), max_batch_size=8, max_seq_len=128)
+    quantized = build_fast_runner(model, max_batch_size=8, max_seq_len=128, quantize=form)
+    info = quantized.describe()
+    assert info["projection_kernel"] == "Triton weight-only kernel"
+    assert info["cuda_graphs"] is True
+    assert info["weight_bytes"] < (8.5e9 if form == "int8" else 5e9)  # bf16: 15.0 GB
+    forced = torch.tensor([[5, 77, 301, 9]] * len(PROMPTS), device="cuda")
+    ours = teacher_forced_logits(quantized, PROMPTS, forced).flatten(0, 1)
+    theirs = teacher_forced_logits(dense, PROMPTS, forced).flatten(0, 1)
+    cosine = F.cosine_similarity(ours.double(), theirs.double(), dim=-1)
+    print(f"{form} vs bf16 logits cosine", cosine.tolist())
+    assert cosine.mean() >= bound and cosine.min() >= bound - 0.05
