@@ -36,6 +36,7 @@ from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRo
 from hymt_serve.ops.tiny_model import random_7b_model
 
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+LOADED = ("none", "fp8", "int8", "int4", "fp8-checkpoint")
 
 
 def build_model() -> PreTrainedModel:
@@ -229,18 +230,6 @@ def quantized_engine_rows(
     return rows
 
 
-def quantized_weight_bytes(model: PreTrainedModel, per_row_scales: bool) -> int:
-    """What the weights read per step once the decoder's projections take 1 byte a weight
-    (plus a 4-byte scale per output row for int8), 2 for the rest (embeddings, norms; tied
-    LM head)."""
-    total = 0
-    for name, param in model.named_parameters():
-        projection = param.dim() == 2 and ".layers." in name
-        total += param.numel() * (1 if projection else param.element_size())
-        total += param.shape[0] * 4 if projection and per_row_scales else 0
-    return total
-
-
 def write_outputs(out: Path, report: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -310,10 +299,11 @@ def summary(report: dict[str, Any]) -> list[str]:
             f"{share:.0%} of the roofline rate end to end ({steady:.0%} per step).",
             "",
         ]
-    for quantize in ("fp8", "int8"):
+    for quantize in LOADED:
+        engine_name = "fast-loaded" if quantize == "none" else f"fast-{quantize}"
         for batch in (1, 128):
-            if (f"fast-{quantize}", batch) in by and ("fast", batch) in by:
-                ours = by[f"fast-{quantize}", batch]["ms_per_step"]
+            if (engine_name, batch) in by and ("fast", batch) in by:
+                ours = by[engine_name, batch]["ms_per_step"]
                 bf16 = by["fast", batch]["ms_per_step"]
                 lines += [
                     f"{quantize} batch {batch}: {ours} ms/step against bf16's {bf16} "
@@ -323,8 +313,8 @@ def summary(report: dict[str, Any]) -> list[str]:
         if quantize in report:
             engine = report[quantize]["fast_engine"]
             lines += [
-                f"{quantize} ready time {report[quantize]['ready_s']} s (bf16 "
-                f"{report['ready_s']} s); weights {engine['weight_bytes'] / 1e9:.2f} GB.",
+                f"{quantize} ready time (load + build) {report[quantize]['ready_s']} s; "
+                f"weights {engine['weight_bytes'] / 1e9:.2f} GB.",
                 "",
             ]
     return lines
@@ -382,9 +372,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--fast-quantization",
         nargs="*",
-        choices=("fp8", "int8"),
+        choices=LOADED,
         default=[],
-        help="also the fast engine with these quantizations (a fresh model each)",
+        help="also the fast engine loaded from --checkpoint as production loads it: bf16 "
+        "(none), quantized at load (fp8, int8, int4), or the FP8 checkpoint that "
+        "`hymt quantize-fp8` writes from it (fp8-checkpoint)",
+    )
+    parser.add_argument(
+        "--weight-only-configs",
+        type=Path,
+        help="the weight-only kernel's tiles from a weight_only_gemm.py run on this GPU",
     )
     return parser.parse_args()
 
@@ -405,22 +402,25 @@ def engine_rows(
 def fast_section(
     model: PreTrainedModel,
     args: argparse.Namespace,
-    roofline: Callable[[int, float], float],
-    quantize: str = "none",
+    roofline: Callable[[int, float], float] | float,
+    name: str = "fast",
+    **build: Any,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Build the fast engine over ``model`` (fusing its weights in place; ``quantize``:
-    quantizing them) and time it."""
+    """Build the fast engine over ``model`` (fusing its weights in place; ``build``: how to
+    quantize them) and time it. ``roofline`` is a function, or the copy bandwidth (then the
+    roofline reads the weights the engine holds)."""
     start = time.perf_counter()
     max_seq_len = args.prompt_tokens + args.fast_new_tokens
     fast = build_fast_runner(
-        model, max_batch_size=max(args.batches), max_seq_len=max_seq_len, quantize=quantize
+        model, max_batch_size=max(args.batches), max_seq_len=max_seq_len, **build
     )
     ready_s = time.perf_counter() - start
     scheduler = Scheduler(fast, (), _ids, max_seq_len=max_seq_len)
-    print(f"fast engine ready in {ready_s:.1f} s: {fast.describe()}", flush=True)
-    runs = partial(fast_runner, scheduler)
-    name = "fast" if quantize == "none" else f"fast-{quantize}"
-    rows = engine_rows(name, runs, args, args.fast_new_tokens, roofline)
+    print(f"{name} ready in {ready_s:.1f} s: {fast.describe()}", flush=True)
+    if not callable(roofline):
+        held, bandwidth = fast.describe()["weight_bytes"], roofline
+        roofline = partial(lambda b, c, n: roofline_ms(n, b, c, bandwidth), n=held)
+    rows = engine_rows(name, partial(fast_runner, scheduler), args, args.fast_new_tokens, roofline)
     for row in rows:
         row["graph_ms_per_step"] = round(graph_step_ms(fast, row["batch_size"]), 3)
     info = {
@@ -432,8 +432,51 @@ def fast_section(
     return rows, info
 
 
+def loaded_section(
+    args: argparse.Namespace, quantize: str, bandwidth: float
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The fast engine over ``--checkpoint`` (or its FP8 checkpoint) loaded as the server
+    loads it; ready time = load + build."""
+    from hymt_serve.engine.loading import load_model
+    from hymt_serve.request.settings import Settings
+
+    path = args.checkpoint
+    if quantize == "fp8-checkpoint":
+        path = args.checkpoint.with_name(args.checkpoint.name + "-fp8")
+        if not path.is_dir():
+            from hymt_serve.ops.quantize import write_fp8_checkpoint
+
+            started = time.perf_counter()
+            write_fp8_checkpoint(args.checkpoint, path, device="cuda", prompts=prompts(8, 40))
+            print(f"wrote {path} in {time.perf_counter() - started:.1f} s", flush=True)
+    settings = {
+        "model_path": str(path),
+        "quantization": quantize if quantize in ("fp8", "int8", "int4") else "none",
+        "max_input_tokens": args.prompt_tokens,
+        "max_new_tokens": args.fast_new_tokens,
+    }
+    loaded = load_model(Settings.from_mapping(settings, environ={}))
+    name = "fast-loaded" if quantize == "none" else f"fast-{quantize}"
+    rows, info = fast_section(
+        loaded.model,
+        args,
+        bandwidth,
+        name,
+        quantize=loaded.plan.quantization,
+        fp8_scales=loaded.fp8_scales,
+        int4=loaded.int4,
+    )
+    info["load_s"] = round(loaded.seconds, 1)
+    info["ready_s"] = round(loaded.seconds + info["ready_s"], 1)
+    return rows, info
+
+
 def main() -> None:
     args = parse_args()
+    if args.weight_only_configs:
+        from weight_only_gemm import load_configs
+
+        load_configs(args.weight_only_configs)
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     model = build_model()
@@ -447,7 +490,7 @@ def main() -> None:
     if not args.skip_hf:
         fallback = partial(fallback_runner, model)
         rows += engine_rows("hf-runner", fallback, args, args.hf_new_tokens, roofline)
-    if args.quantized_batches:
+    if args.quantized_batches or args.fast_quantization:
         model.save_pretrained(args.checkpoint)  # before the fast engine fuses weights in place
     torch.cuda.empty_cache()
     fast_rows, fast_info = fast_section(model, args, roofline)
@@ -456,17 +499,9 @@ def main() -> None:
     torch.cuda.empty_cache()
     print(f"GPU memory still allocated: {torch.cuda.memory_allocated() / 1e9:.2f} GB", flush=True)
     quantized_info: dict[str, Any] = {}
-    for quantize in args.fast_quantization:  # a fresh model each (the last one's was fused)
-        fresh = build_model()
-        fresh_bytes = quantized_weight_bytes(fresh, per_row_scales=quantize == "int8")
-        fresh_rows, quantized_info[quantize] = fast_section(
-            fresh,
-            args,
-            lambda b, c, n=fresh_bytes: roofline_ms(n, b, c, bandwidth),  # type: ignore[misc]
-            quantize=quantize,
-        )
-        fast_rows += fresh_rows
-        del fresh
+    for quantize in args.fast_quantization:
+        loaded_rows, quantized_info[quantize] = loaded_section(args, quantize, bandwidth)
+        fast_rows += loaded_rows
         gc.collect()
         torch.cuda.empty_cache()
     quantized: list[dict[str, Any]] = []

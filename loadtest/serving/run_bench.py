@@ -166,7 +166,10 @@ def bench_torchserve(
 
     profile = "cpu" if args.tiny else "gpu"
     overrides: dict[str, Any] = {"minWorkers": gpus, "maxWorkers": gpus}
-    if mode == "continuous":
+    base, _, quantization = mode.partition("-")  # e.g. continuous-fp8
+    if quantization:
+        overrides["handler.quantization"] = quantization
+    if base == "continuous":
         overrides.update({"asyncCommunication": True, "batchSize": 1})
         if args.tiny:
             overrides["handler.engine"] = "fast"
@@ -361,7 +364,9 @@ def main() -> None:
         "--modes",
         type=lambda s: s.split(","),
         default=["continuous"],
-        help="TorchServe modes to run: continuous (the GPU profile), batch (TorchServe batching)",
+        help="TorchServe modes to run: continuous (the GPU profile), batch (TorchServe "
+        "batching); a quantization after a dash serves the model quantized at load, e.g. "
+        "continuous-fp8",
     )
     parser.add_argument(
         "--client-processes",
@@ -390,7 +395,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     colds: dict[str, float] = {}
     for mode in args.modes:
-        for gpus in args.gpus if mode == "continuous" else [1]:
+        for gpus in args.gpus if mode.startswith("continuous") else [1]:
             ts_rows, colds[_cold_name(mode, gpus)] = bench_torchserve(
                 model_dir, jobs, args, sampler, work, gpus, mode
             )
