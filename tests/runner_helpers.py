@@ -3,11 +3,14 @@ logits for comparing a runner's forward with another implementation (tests and b
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Collection, Sequence
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
+from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.runner import FastRunner, Runner
 from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow
@@ -51,3 +54,25 @@ def teacher_forced_logits(
                 runner.advance(next_tokens)
         runner.clear()
         return torch.stack(logits, dim=1)
+
+
+# Six forced tokens after each of three prompts: the quantized models' comparisons.
+FORCED = torch.tensor([[5, 77, 301, 9, 14, 200], [400, 2, 18, 18, 7, 7], [3, 4, 5, 6, 7, 8]])
+
+
+def against_unquantized(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    forced: Tensor,
+    quantize: str,
+    max_batch_size: int = 4,
+    max_seq_len: int = 64,
+) -> tuple[FastRunner, FastRunner, Tensor]:
+    """The fast engine over a copy of ``model`` and over ``model`` quantized, and the cosine
+    similarity of their teacher-forced logits (one value per position)."""
+    sizes = {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len}
+    dense = build_fast_runner(copy.deepcopy(model), **sizes)
+    quantized = build_fast_runner(model, quantize=quantize, **sizes)
+    ours = teacher_forced_logits(quantized, prompts, forced).flatten(0, 1)
+    theirs = teacher_forced_logits(dense, prompts, forced).flatten(0, 1)
+    return dense, quantized, F.cosine_similarity(ours.double(), theirs.double(), dim=-1)

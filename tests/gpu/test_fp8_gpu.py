@@ -3,15 +3,11 @@ the dequantized reference, and a 7B-shaped model quantized at load against its b
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-import torch.nn.functional as F
-from runner_helpers import teacher_forced_logits
+from runner_helpers import against_unquantized
 from test_fast_engine_gpu import PROMPTS
 
-from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.quantized import linear, quantize_tensor
 from hymt_serve.ops.tiny_model import random_7b_model
 
@@ -44,16 +40,13 @@ def test_a_7b_model_in_fp8_stays_close_to_bf16() -> None:
     so FP8's logits are 0.89 cosine-similar to bf16's here (measured 2026-12-01; row-wise
     per-token scaling gave the same). The products themselves are held to their reference
     above; this bound catches a projection gone wrong (a wrong scale or layout gives ~0)."""
-    model = random_7b_model("cuda")
-    dense = build_fast_runner(copy.deepcopy(model), max_batch_size=8, max_seq_len=128)
-    fp8 = build_fast_runner(model, max_batch_size=8, max_seq_len=128, quantize="fp8")
+    forced = torch.tensor([[5, 77, 301, 9]] * len(PROMPTS), device="cuda")
+    _, fp8, cosine = against_unquantized(
+        random_7b_model("cuda"), PROMPTS, forced, "fp8", max_batch_size=8, max_seq_len=128
+    )
     info = fp8.describe()
     assert info["projection_kernel"] == "torch._scaled_mm (tensor-wise)"
     assert info["cuda_graphs"] is True
     assert info["weight_bytes"] < 8.5e9  # bf16: 15.0 GB
-    forced = torch.tensor([[5, 77, 301, 9]] * len(PROMPTS), device="cuda")
-    ours = teacher_forced_logits(fp8, PROMPTS, forced).flatten(0, 1)
-    theirs = teacher_forced_logits(dense, PROMPTS, forced).flatten(0, 1)
-    cosine = F.cosine_similarity(ours.double(), theirs.double(), dim=-1)
     print("fp8 vs bf16 logits cosine", cosine.tolist())
     assert cosine.mean() >= 0.85 and cosine.min() >= 0.8

@@ -4,16 +4,13 @@ bf16 selves."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
-from runner_helpers import teacher_forced_logits
+from runner_helpers import against_unquantized
 from test_fast_engine_gpu import PROMPTS
 
 from hymt_serve.engine import weight_only
-from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.quantized import QUANTIZERS
 from hymt_serve.ops.tiny_model import random_7b_model
 
@@ -63,16 +60,13 @@ def test_a_7b_model_in_weight_only_form_stays_close_to_bf16(form: str, bound: fl
     """As for FP8 (test_fp8_gpu): random weights make a chaotic network, so the bound catches
     a projection gone wrong (a wrong scale, group or packing gives a cosine near 0), not a
     trained model's quality. int4 rounds to 16 levels per group of 128: it moves further."""
-    model = random_7b_model("cuda")
-    dense = build_fast_runner(copy.deepcopy(model), max_batch_size=8, max_seq_len=128)
-    quantized = build_fast_runner(model, max_batch_size=8, max_seq_len=128, quantize=form)
+    forced = torch.tensor([[5, 77, 301, 9]] * len(PROMPTS), device="cuda")
+    _, quantized, cosine = against_unquantized(
+        random_7b_model("cuda"), PROMPTS, forced, form, max_batch_size=8, max_seq_len=128
+    )
     info = quantized.describe()
     assert info["projection_kernel"] == "Triton weight-only kernel"
     assert info["cuda_graphs"] is True
     assert info["weight_bytes"] < (8.5e9 if form == "int8" else 5e9)  # bf16: 15.0 GB
-    forced = torch.tensor([[5, 77, 301, 9]] * len(PROMPTS), device="cuda")
-    ours = teacher_forced_logits(quantized, PROMPTS, forced).flatten(0, 1)
-    theirs = teacher_forced_logits(dense, PROMPTS, forced).flatten(0, 1)
-    cosine = F.cosine_similarity(ours.double(), theirs.double(), dim=-1)
     print(f"{form} vs bf16 logits cosine", cosine.tolist())
     assert cosine.mean() >= bound and cosine.min() >= bound - 0.05

@@ -13,16 +13,13 @@ flips its argmax where a trained model's would not.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
-from runner_helpers import teacher_forced_logits
+from runner_helpers import FORCED, against_unquantized
 from test_fast_engine import PROMPTS, tiny_model
 
 from hymt_serve.engine import loading
-from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.quantized import FP8, FP8_MAX, linear, quantize_tensor
 from hymt_serve.request.errors import ConfigurationError
 
@@ -81,18 +78,13 @@ def test_plain_weights_take_the_plain_product() -> None:
 
 def test_an_fp8_model_stays_close_to_the_unquantized_one() -> None:
     model = tiny_model()
-    dense = build_fast_runner(copy.deepcopy(model), max_batch_size=4, max_seq_len=64)
-    fp8 = build_fast_runner(model, max_batch_size=4, max_seq_len=64, quantize="fp8")
+    dense, fp8, cosine = against_unquantized(model, PROMPTS, FORCED, "fp8")
     assert fp8.weights.layers[0].qkv.dtype == FP8
     assert model.model.layers[0].self_attn.q_proj.weight.numel() == 0  # the dense copy is gone
     described = fp8.describe()
     assert described["projections"].startswith("fp8 e4m3")
     assert described["projection_kernel"] == "dequantized reference"
     assert described["weight_bytes"] < dense.describe()["weight_bytes"]
-    forced = torch.tensor([[5, 77, 301, 9, 14, 200], [400, 2, 18, 18, 7, 7], [3, 4, 5, 6, 7, 8]])
-    ours = teacher_forced_logits(fp8, PROMPTS, forced).flatten(0, 1)
-    theirs = teacher_forced_logits(dense, PROMPTS, forced).flatten(0, 1)
-    cosine = F.cosine_similarity(ours.double(), theirs.double(), dim=-1)
     assert cosine.mean() >= 0.98 and cosine.min() >= 0.95, cosine
 
 

@@ -4,14 +4,10 @@ against its unquantized self (the measure and bounds of test_fp8_engine)."""
 
 from __future__ import annotations
 
-import copy
-
 import torch
-import torch.nn.functional as F
-from runner_helpers import teacher_forced_logits
+from runner_helpers import FORCED, against_unquantized
 from test_fast_engine import PROMPTS, tiny_model
 
-from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.quantized import linear, quantize_int8_rows
 
 
@@ -35,15 +31,9 @@ def test_the_int8_product_is_the_dequantized_reference() -> None:
 
 
 def test_an_int8_model_stays_close_to_the_unquantized_one() -> None:
-    model = tiny_model()
-    dense = build_fast_runner(copy.deepcopy(model), max_batch_size=4, max_seq_len=64)
-    int8 = build_fast_runner(model, max_batch_size=4, max_seq_len=64, quantize="int8")
+    dense, int8, cosine = against_unquantized(tiny_model(), PROMPTS, FORCED, "int8")
     assert int8.weights.layers[0].gate_up.dtype == torch.int8
     described = int8.describe()
     assert described["projections"] == "int8 weight-only, a scale per output row"
     assert described["weight_bytes"] < dense.describe()["weight_bytes"]
-    forced = torch.tensor([[5, 77, 301, 9, 14, 200], [400, 2, 18, 18, 7, 7], [3, 4, 5, 6, 7, 8]])
-    ours = teacher_forced_logits(int8, PROMPTS, forced).flatten(0, 1)
-    theirs = teacher_forced_logits(dense, PROMPTS, forced).flatten(0, 1)
-    cosine = F.cosine_similarity(ours.double(), theirs.double(), dim=-1)
     assert cosine.mean() >= 0.99 and cosine.min() >= 0.98, cosine  # int8 rounds finer than e4m3

@@ -4,7 +4,6 @@ unquantized self (the measure of test_fp8_engine)."""
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import os
 import subprocess
@@ -14,12 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from runner_helpers import teacher_forced_logits
+from runner_helpers import FORCED, against_unquantized
 from test_fast_engine import PROMPTS, tiny_model
 
 from hymt_serve.engine import weight_only
-from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.quantized import quantize_int8_rows
 
 
@@ -74,18 +71,12 @@ def test_an_int4_model_stays_close_to_the_unquantized_one() -> None:
     """16 levels per group move a model further than int8's 255 per row (test_int8_engine:
     0.99 on average; here 0.93, at least 0.89, measured 2026-12-01); a wrong group, zero
     point or packing gives a cosine near 0."""
-    model = tiny_model()
-    dense = build_fast_runner(copy.deepcopy(model), max_batch_size=4, max_seq_len=64)
-    int4 = build_fast_runner(model, max_batch_size=4, max_seq_len=64, quantize="int4")
+    dense, int4, cosine = against_unquantized(tiny_model(), PROMPTS, FORCED, "int4")
     assert int4.weights.layers[0].gate_up.dtype == torch.int32
     described = int4.describe()
     assert described["projections"] == "int4 weight-only, a scale and zero point per 64 inputs"
     assert described["projection_kernel"] == "dequantized reference"
     assert described["weight_bytes"] < dense.describe()["weight_bytes"]
-    forced = torch.tensor([[5, 77, 301, 9, 14, 200], [400, 2, 18, 18, 7, 7], [3, 4, 5, 6, 7, 8]])
-    ours = teacher_forced_logits(int4, PROMPTS, forced).flatten(0, 1)
-    theirs = teacher_forced_logits(dense, PROMPTS, forced).flatten(0, 1)
-    cosine = F.cosine_similarity(ours.double(), theirs.double(), dim=-1)
     assert cosine.mean() >= 0.9 and cosine.min() >= 0.85, cosine
 
 

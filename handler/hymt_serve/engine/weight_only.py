@@ -240,17 +240,33 @@ def launch(
     return parts
 
 
-_KERNELS: list[tuple[Any, Any]] = []
-
-
 def _kernels() -> tuple[Any, Any]:
-    """The tiled kernel (tensor cores) and the one-row kernel (CUDA cores), defined once."""
-    if not _KERNELS:
-        _KERNELS.append(_define_kernels())
-    return _KERNELS[0]
+    """The tiled kernel (tensor cores) and the one-row kernel (CUDA cores)."""
+    return weight_only_kernel, one_row_kernel
 
 
-def _define_kernels() -> tuple[Any, Any]:
+# The kernels exist where Triton does (module level: jitted code finds its helpers by name).
+if triton is not None:
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def int4_block(  # type: ignore[no-untyped-def]
+        w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP: tl.constexpr, WORDS: tl.constexpr
+    ):
+        # WORDS packed words from input k0 on (8 inputs each), with the group's scales and
+        # zero points; past K (the last split's tail) everything loads as zero.
+        words = k0 // 8 + tl.arange(0, WORDS)
+        word_ok = words < K // 8
+        packed = tl.load(
+            w_ptr + words[:, None] * N + cols[None, :],
+            mask=word_ok[:, None] & col_ok[None, :],
+            other=0,
+        )
+        g = k0 // GROUP
+        live = col_ok & (k0 < K)
+        scale = tl.load(s_ptr + g * N + cols, mask=live, other=0.0).to(tl.float32)
+        zero = tl.load(s_ptr + (K // GROUP + g) * N + cols, mask=live, other=0.0).to(tl.float32)
+        return words, word_ok, packed, scale, zero
+
     @triton.jit  # type: ignore[untyped-decorator]
     def weight_only_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
@@ -266,18 +282,9 @@ def _define_kernels() -> tuple[Any, Any]:
         for offset in range(0, SPAN, BLOCK_K):
             k0 = start + offset
             if KIND == 2:
-                words = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-                word_ok = words < K // 8
-                packed = tl.load(
-                    w_ptr + words[:, None] * N + cols[None, :],
-                    mask=word_ok[:, None] & col_ok[None, :],
-                    other=0,
+                words, word_ok, packed, scale, zero = int4_block(
+                    w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP, BLOCK_K // 8
                 )
-                g = k0 // GROUP  # past K (the last split's tail) everything loads as zero
-                live = col_ok & (k0 < K)
-                scale = tl.load(s_ptr + g * N + cols, mask=live, other=0.0).to(tl.float32)
-                zero = tl.load(s_ptr + (K // GROUP + g) * N + cols, mask=live, other=0.0)
-                zero = zero.to(tl.float32)
                 part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for j in tl.static_range(8):  # nibble j: inputs k0 + j, k0 + j + 8, ...
                     x = tl.load(
@@ -322,18 +329,9 @@ def _define_kernels() -> tuple[Any, Any]:
         for offset in range(0, SPAN, BLOCK_K):
             k0 = start + offset
             if KIND == 2:
-                words = k0 // 8 + tl.arange(0, DEPTH)
-                word_ok = words < K // 8
-                packed = tl.load(
-                    w_ptr + words[:, None] * N + cols[None, :],
-                    mask=word_ok[:, None] & col_ok[None, :],
-                    other=0,
+                words, word_ok, packed, scale, zero = int4_block(
+                    w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP, DEPTH
                 )
-                g = k0 // GROUP
-                live = col_ok & (k0 < K)
-                scale = tl.load(s_ptr + g * N + cols, mask=live, other=0.0).to(tl.float32)
-                zero = tl.load(s_ptr + (K // GROUP + g) * N + cols, mask=live, other=0.0)
-                zero = zero.to(tl.float32)
                 part = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
                 for j in tl.static_range(8):
                     x = tl.load(x_ptr + row * stride_xm + words * 8 + j, mask=word_ok, other=0.0)
@@ -352,5 +350,3 @@ def _define_kernels() -> tuple[Any, Any]:
                 acc += w.to(tl.float32) * x.to(tl.float32)[:, None]
         out = out_ptr + tl.program_id(1) * M * N + row * N + cols
         tl.store(out, tl.sum(acc, axis=0), mask=col_ok)
-
-    return weight_only_kernel, one_row_kernel
