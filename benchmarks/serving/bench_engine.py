@@ -5,9 +5,10 @@ or ``--tiny`` on the CPU), tokenises the load test's sentence mix with the real 
 and the 1.2 x source-tokens length rule of ``loadtest/serving/run_bench.py``, and drives the
 production scheduler (on its serving thread, as in async mode) in a closed loop: each simulated
 user submits its next text from the previous one's completion callback, so no client thread
-competes with the engine for the GIL. Per user count it reports requests/s, output tokens/s,
-latency, decode steps/s, rows per step, texts per prefill and the engine thread's host seconds
-per wall second in admitting (prefill), stepping and reading back.
+competes with the engine for the GIL. Per user count it reports requests/s, prompt and output
+tokens/s, model FLOP utilisation (``loadtest/serving/flops.py``), latency, decode steps/s, rows
+per step, texts per prefill and the engine thread's host seconds per wall second in admitting
+(prefill), stepping and reading back.
 ``--admit-wait-ms``/``--admit-rows`` sweep the admission policy. Writes ``engine.json`` and
 ``engine.md`` to ``--out``. ``--profile-users N`` adds a profiled window at N users: the engine
 thread under cProfile (where its host time goes, ``profile_host.txt``) and the GPU under
@@ -48,15 +49,18 @@ from hymt_serve.request.prompts import build_prompt
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "loadtest/serving"))
-from run_bench import length_rule_jobs  # noqa: E402
+from flops import bf16_matmul_rate, flops_per_token, utilisation  # noqa: E402
+from run_bench import length_rule_jobs, long_jobs  # noqa: E402
 
 STOP_ID = 127960
 
 
-def sentence_rows(tokenizer: Any, cap: int) -> list[GenerationRow]:
-    """The serving benchmark's jobs (``run_bench.length_rule_jobs``), templated and tokenised."""
+def sentence_rows(tokenizer: Any, cap: int, workload: str = "sentences") -> list[GenerationRow]:
+    """The serving benchmark's jobs (``run_bench.length_rule_jobs``, or ``long_jobs`` for the
+    long-input workload), templated and tokenised."""
+    jobs = long_jobs(tokenizer, cap) if workload == "long" else length_rule_jobs(tokenizer, cap)
     rows = []
-    for item, new in length_rule_jobs(tokenizer, cap):
+    for item, new in jobs:
         source, target = lookup(item["source_lang"]), lookup(item["target_lang"])
         assert target is not None, item["target_lang"]
         prompt, _ = build_prompt(item["text"], source, target)
@@ -64,7 +68,8 @@ def sentence_rows(tokenizer: Any, cap: int) -> list[GenerationRow]:
     return rows
 
 
-def build(args: argparse.Namespace) -> tuple[FastRunner, Any]:
+def build(args: argparse.Namespace) -> tuple[FastRunner, Any, float]:
+    """The fast engine, the tokenizer and the model's FLOPs per token."""
     if args.tiny:
         folder = build_tiny_model(args.work / "tiny-model", args.tokenizer)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -72,8 +77,9 @@ def build(args: argparse.Namespace) -> tuple[FastRunner, Any]:
     else:
         model = random_7b_model("cuda")
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    flops = flops_per_token(model.config.to_dict())
     fast = build_fast_runner(model, max_batch_size=args.slots, max_seq_len=args.max_seq_len)
-    return fast, tokenizer
+    return fast, tokenizer, flops
 
 
 class ClosedLoop:
@@ -84,6 +90,7 @@ class ClosedLoop:
         self.rng = random.Random(users)
         self.latencies: list[float] = []
         self.tokens = 0
+        self.prompt_tokens = 0
         self.errors = 0
         self.running = True
         self.in_flight = users
@@ -96,13 +103,14 @@ class ClosedLoop:
         row = self.rng.choice(self.rows)
         started = time.perf_counter()
         future = self.batcher.submit(row)
-        future.add_done_callback(lambda f: self._done(f, started))
+        future.add_done_callback(lambda f: self._done(f, started, len(row.prompt_ids)))
 
-    def _done(self, future: Future[GenerationResult], started: float) -> None:
+    def _done(self, future: Future[GenerationResult], started: float, prompt: int) -> None:
         with self.lock:
             if future.exception() is None:
                 self.latencies.append(time.perf_counter() - started)
                 self.tokens += future.result().output_tokens
+                self.prompt_tokens += prompt
             else:
                 self.errors += 1
             if not self.running:
@@ -186,6 +194,7 @@ def measure(
     with loop.lock:
         loop.running = False
         done, tokens, latencies = len(loop.latencies), loop.tokens, sorted(loop.latencies)
+        prompt_tokens = loop.prompt_tokens
         stats = {k: batcher.stats[k] - before.get(k, 0) for k in batcher.stats}
     elapsed = time.perf_counter() - started
     loop.drained.wait(600)
@@ -193,6 +202,7 @@ def measure(
     return {
         "users": users,
         "requests_per_s": round(done / elapsed, 2),
+        "prompt_tokens_per_s": round(prompt_tokens / elapsed, 1),
         "output_tokens_per_s": round(tokens / elapsed, 1),
         "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
         "p95_ms": round(1000 * latencies[int(0.95 * (len(latencies) - 1))], 1)
@@ -224,6 +234,7 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=512)
     parser.add_argument("--admit-rows", type=int, default=ADMIT_ROWS)
     parser.add_argument("--admit-wait-ms", type=float, default=ADMIT_WAIT_S * 1000)
+    parser.add_argument("--workload", choices=("sentences", "long"), default="sentences")
     parser.add_argument("--profile-users", type=int, default=0, help="0: no profiled window")
     parser.add_argument("--profile-s", type=float, default=3.0)
     args = parser.parse_args()
@@ -231,8 +242,10 @@ def main() -> None:
     if args.tiny:
         args.slots, args.max_seq_len, args.cap = min(args.slots, 16), 256, 16
     users = args.users or ([1, 4, 16] if args.tiny else [1, 8, 32, 64, 128])
-    fast, tokenizer = build(args)
-    rows = [r for r in sentence_rows(tokenizer, args.cap) if r.max_new_tokens < args.max_seq_len]
+    fast, tokenizer, flops = build(args)
+    rate = None if args.tiny else bf16_matmul_rate()
+    rows = sentence_rows(tokenizer, args.cap, args.workload)
+    rows = [r for r in rows if r.max_new_tokens < args.max_seq_len]
     rows = [r for r in rows if len(r.prompt_ids) + r.max_new_tokens <= args.max_seq_len]
     batcher = ProfiledBatcher(
         fast,
@@ -247,6 +260,7 @@ def main() -> None:
     results = []
     for count in users:
         results.append(measure(batcher, rows, count, args.duration))
+        results[-1].update(utilisation(results[-1], flops, rate))
         print(json.dumps(results[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     profiled = None
@@ -260,6 +274,8 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "settings": {k: str(v) for k, v in vars(args).items()},
         "texts": len(rows),
+        "model_flops_per_token": flops,
+        "bf16_matmul_tflops": None if rate is None else round(rate / 1e12, 1),
         "rows": results,
         "profile": profiled,
         "engine": fast.describe(),
@@ -271,8 +287,11 @@ def main() -> None:
     table += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in results]
     (args.out / "engine.md").write_text(
         f"# Engine alone (scheduler + fast runner): {device}, {report['date']}\n\n"
-        f"admit_rows {args.admit_rows}, admit_wait_ms {args.admit_wait_ms}, slots {args.slots}, "
-        f"{len(rows)} texts, {args.duration:.0f} s per level\n\n" + "\n".join(table) + "\n"
+        f"workload {args.workload}, admit_rows {args.admit_rows}, admit_wait_ms "
+        f"{args.admit_wait_ms}, slots {args.slots}, "
+        f"{len(rows)} texts, {args.duration:.0f} s per level. model_tflops: (prompt + output "
+        f"tokens/s) x {flops / 1e9:.2f} GFLOP per token; mfu_pct: that over the bf16 matrix "
+        f"rate measured here ({report['bf16_matmul_tflops']} TFLOP/s)\n\n" + "\n".join(table) + "\n"
     )
 
 

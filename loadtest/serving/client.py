@@ -28,23 +28,27 @@ Job = tuple[str, dict[str, Any], dict[str, str], int]  # url, body, headers, out
 class Outcome:
     latencies_ms: list[float] = field(default_factory=list)
     output_tokens: int = 0
+    prompt_tokens: int = 0  # as the replies count them (0: the server does not say)
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, latency_ms: float, tokens: int, error: str | None) -> None:
+    def add(self, latency_ms: float, tokens: tuple[int, int], error: str | None) -> None:
+        """``tokens``: (output, prompt) of one reply."""
         with self.lock:
             if error is None:
                 self.latencies_ms.append(latency_ms)
-                self.output_tokens += tokens
+                self.output_tokens += tokens[0]
+                self.prompt_tokens += tokens[1]
             else:
                 self.errors += 1
                 if len(self.error_samples) < 5:
                     self.error_samples.append(error)
 
 
-def send(job: Job, timeout: float) -> tuple[int, str | None]:
-    """(output tokens, None) on success, (0, what went wrong) otherwise."""
+def send(job: Job, timeout: float) -> tuple[tuple[int, int], str | None]:
+    """((output tokens, prompt tokens), None) on success, ((0, 0), what went wrong)
+    otherwise."""
     url, body, headers, expected = job
     data = json.dumps(body).encode()
     req = urllib.request.Request(
@@ -54,11 +58,11 @@ def send(job: Job, timeout: float) -> tuple[int, str | None]:
         with urllib.request.urlopen(req, timeout=timeout) as response:
             answer = json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        return 0, f"HTTP {exc.code}: {exc.read()[:200]!r}"
+        return (0, 0), f"HTTP {exc.code}: {exc.read()[:200]!r}"
     except (OSError, ValueError) as exc:
-        return 0, f"{type(exc).__name__}: {exc}"
-    tokens = answer.get("usage", {}).get("output_tokens", answer.get("output_tokens", expected))
-    return int(tokens), None
+        return (0, 0), f"{type(exc).__name__}: {exc}"
+    usage = answer.get("usage", answer)
+    return (int(usage.get("output_tokens", expected)), int(usage.get("input_tokens", 0))), None
 
 
 def run_closed_loop(
@@ -120,7 +124,10 @@ def _run_forked(
 
     def child(indices: Sequence[int]) -> None:
         done = _run_users(make_job, indices, stop_at, timeout, seed)
-        results.put((done.latencies_ms, done.output_tokens, done.errors, done.error_samples))
+        results.put(
+            (done.latencies_ms, done.output_tokens, done.prompt_tokens, done.errors,
+             done.error_samples)
+        )  # fmt: skip
 
     workers = [
         context.Process(target=child, args=(range(i, users, processes),), daemon=True)
@@ -130,9 +137,10 @@ def _run_forked(
         worker.start()
     merged = Outcome()
     for _ in workers:  # read before joining: a child blocks until its result is taken
-        latencies, tokens, errors, samples = results.get()
+        latencies, tokens, prompt_tokens, errors, samples = results.get()
         merged.latencies_ms.extend(latencies)
         merged.output_tokens += tokens
+        merged.prompt_tokens += prompt_tokens
         merged.errors += errors
         merged.error_samples.extend(samples[: 5 - len(merged.error_samples)])
     for worker in workers:
@@ -155,6 +163,9 @@ def summarise(outcome: Outcome, users: int, elapsed: float) -> dict[str, Any]:
         "requests": done,
         "requests_per_s": round(done / elapsed, 3),
         "output_tokens_per_s": round(outcome.output_tokens / elapsed, 1),
+        "prompt_tokens_per_s": round(outcome.prompt_tokens / elapsed, 1)
+        if outcome.prompt_tokens
+        else None,
         "p50_ms": _round(percentile(outcome.latencies_ms, 50)),
         "p95_ms": _round(percentile(outcome.latencies_ms, 95)),
         "p99_ms": _round(percentile(outcome.latencies_ms, 99)),

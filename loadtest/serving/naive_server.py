@@ -55,6 +55,7 @@ def create_app(model_path: str) -> Flask:
         return jsonify(
             translation=tokenizer.decode(new, skip_special_tokens=True),
             output_tokens=int(new.shape[0]),
+            input_tokens=int(ids["input_ids"].shape[1]),
         )
 
     @app.get("/health")

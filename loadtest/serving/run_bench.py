@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from client import Job, run_closed_loop, send
+from flops import bf16_matmul_rate, flops_per_token, utilisation
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "hunyuan-mt"
@@ -56,12 +57,57 @@ def build_model(out: Path, tokenizer_dir: Path | None, tiny: bool) -> Path:
 
 
 def sentence_jobs(
-    model_dir: Path, cap: int, source_tokens: tuple[int, int] | None = None
+    model_dir: Path,
+    cap: int,
+    source_tokens: tuple[int, int] | None = None,
+    workload: str = "sentences",
 ) -> list[tuple[dict[str, Any], int]]:
-    """The load test's sentence mix (segments under 300 characters) with fixed lengths."""
+    """The load test's sentence mix (segments under 300 characters) with fixed lengths, or
+    (``workload`` "long") inputs of 500-1,000 tokens made from it (:func:`long_jobs`)."""
     from transformers import AutoTokenizer
 
-    return length_rule_jobs(AutoTokenizer.from_pretrained(model_dir), cap, source_tokens)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if workload == "long":
+        return long_jobs(tokenizer, cap)
+    return length_rule_jobs(tokenizer, cap, source_tokens)
+
+
+LONG_CHARS = 3900  # under the server's max_chars_per_text (4,000)
+
+
+def long_jobs(
+    tokenizer: Any, cap: int, low: int = 500, high: int = 1000, count: int = 64, seed: int = 0
+) -> list[tuple[dict[str, Any], int]]:
+    """The second workload: ``count`` inputs of about ``low``-``high`` source tokens, each the
+    mix's segments of one language pair joined by newlines (cycled: the segments are short)
+    until a length drawn from that range is reached, never past ``high`` tokens or
+    ``LONG_CHARS`` characters; output lengths by the same rule as the sentences (1.2 x source
+    tokens, at most ``cap``)."""
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for line in (REPO / "loadtest/data/segments.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        pairs.setdefault((row["source_lang"], row["target_lang"]), []).append(row["text"])
+    rng = random.Random(seed)
+    jobs = []
+    for _ in range(count):
+        (source, target), texts = rng.choice(sorted(pairs.items()))
+        wanted, start = rng.randint(low, high), rng.randrange(len(texts))
+        joined = texts[start]
+        for step in range(1, 10_000):
+            if _tokens(tokenizer, joined) >= wanted:
+                break
+            more = f"{joined}\n{texts[(start + step) % len(texts)]}"
+            if len(more) > LONG_CHARS or _tokens(tokenizer, more) > high:
+                break
+            joined = more
+        n_in = _tokens(tokenizer, joined)
+        body = {"source_lang": source, "target_lang": target, "text": joined}
+        jobs.append((body, max(8, min(cap, round(1.2 * n_in)))))
+    return jobs
+
+
+def _tokens(tokenizer: Any, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def length_rule_jobs(
@@ -278,7 +324,10 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
         "gpus",
         "users",
         "requests_per_s",
+        "prompt_tokens_per_s",
         "output_tokens_per_s",
+        "model_tflops",
+        "mfu_pct",
         "p50_ms",
         "p95_ms",
         "p99_ms",
@@ -294,12 +343,24 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
     text = (
         f"# Serving benchmark: {result['gpu']}, {result['date']}\n\n`{result['command']}`\n\n"
         f"{result['note']}\n\nCold start (start command to first translation): {cold}.\n\n"
-        + head
-        + "\n".join(lines)
-        + "\n"
+        f"{_utilisation_note(result)}\n\n" + head + "\n".join(lines) + "\n"
     )
     (out / "results.md").write_text(text)
     plot(out, result["rows"])
+
+
+def _utilisation_note(result: dict[str, Any]) -> str:
+    """What model_tflops and mfu_pct mean (reports from before they existed say nothing)."""
+    flops = result.get("model_flops_per_token")
+    if flops is None:
+        return ""
+    rate = result.get("bf16_matmul_tflops")
+    measured = f"{rate} TFLOP/s measured" if rate else "not measured here (no CUDA)"
+    return (
+        f"model_tflops: (prompt + output tokens/s as the replies count them) x "
+        f"{flops / 1e9:.2f} GFLOP per token (2 x the projections' and LM head's weights). "
+        f"mfu_pct: that over the card's bf16 matrix rate (an 8192-cubed product: {measured})."
+    )
 
 
 def plot(out: Path, rows: list[dict[str, Any]]) -> None:
@@ -383,13 +444,23 @@ def main() -> None:
         default=None,
         help="LOW-HIGH: only segments with that many source tokens (e.g. 28-32)",
     )
+    parser.add_argument(
+        "--workload",
+        choices=("sentences", "long"),
+        default="sentences",
+        help="the load test's sentence mix, or inputs of 500-1,000 tokens made from it",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/hymt-serving-work"))
     args = parser.parse_args()
     from hymt_serve.ops.tiny_model import default_tokenizer_dir
 
     model_dir = build_model(args.model_dir, args.tokenizer or default_tokenizer_dir(), args.tiny)
-    jobs = sentence_jobs(model_dir, args.cap if not args.tiny else 32, args.source_tokens)
+    cap = args.cap if not args.tiny else 32
+    jobs = sentence_jobs(model_dir, cap, args.source_tokens, args.workload)
     print(json.dumps({"segments": len(jobs)}), flush=True)
+    flops = flops_per_token(json.loads((model_dir / "config.json").read_text()))
+    rate = None if args.tiny else bf16_matmul_rate()
+    print(json.dumps({"model_flops_per_token": flops, "bf16_matmul_flops": rate}), flush=True)
     sampler = GpuSampler()
     work = args.work
     rows: list[dict[str, Any]] = []
@@ -403,7 +474,14 @@ def main() -> None:
     if not args.skip_naive:
         naive_rows, colds["naive"] = bench_naive(model_dir, jobs, args, sampler)
         rows += naive_rows
-    write_report(args.out, report(rows, colds, args, len(jobs), " ".join(["python", *sys.argv])))
+    for row in rows:
+        row.update(utilisation(row, flops, rate))
+    result = report(rows, colds, args, len(jobs), " ".join(["python", *sys.argv]))
+    result.update(
+        model_flops_per_token=flops,
+        bf16_matmul_tflops=None if rate is None else round(rate / 1e12, 1),
+    )
+    write_report(args.out, result)
 
 
 def _cold_name(mode: str, gpus: int) -> str:
@@ -425,9 +503,16 @@ def report(
         "batch_size": args.batch_size,
         "max_batch_delay_ms": args.batch_delay,
         "segments": segments,
+        "workload": args.workload,
         "note": (
-            f"Closed-loop users for {args.duration:.0f} s per level; the load test's sentence "
-            f"mix ({segments} segments under 300 characters, many language pairs); output "
+            f"Closed-loop users for {args.duration:.0f} s per level; "
+            + (
+                f"the load test's sentence mix ({segments} segments under 300 characters, "
+                "many language pairs)"
+                if args.workload == "sentences"
+                else f"{segments} inputs of 500-1,000 tokens joined from the sentence mix"
+            )
+            + "; output "
             "length 1.2 x source tokens for every system; one worker per GPU, token auth "
             "on. Mode continuous: the GPU profile as shipped (TorchServe async mode, "
             "batchSize 1, the handler's continuous batcher over 128 KV-cache slots in a child "

@@ -16,8 +16,9 @@ import pytest
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 FIELDS = {
-    "system", "gpus", "users", "requests_per_s", "output_tokens_per_s", "p50_ms", "p95_ms",
-    "p99_ms", "errors", "gpu_util_pct", "gpu_mem_gb",
+    "system", "gpus", "users", "requests_per_s", "output_tokens_per_s", "prompt_tokens_per_s",
+    "model_tflops", "mfu_pct", "p50_ms", "p95_ms", "p99_ms", "errors", "gpu_util_pct",
+    "gpu_mem_gb",
 }  # fmt: skip
 
 
@@ -33,6 +34,7 @@ def test_serving_benchmark_runs_both_systems(tmp_path: Path) -> None:
         "--naive-users", "2",
         "--duration", "2",
         "--client-processes", "2",
+        "--modes", "continuous,continuous-int8",
     ]  # fmt: skip
     environ = {
         **os.environ,
@@ -43,12 +45,25 @@ def test_serving_benchmark_runs_both_systems(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "out/results.json").read_text())
-    assert set(report["cold_start_s"]) == {"torchserve", "naive"}
-    seen = {(row["system"], row["users"]) for row in report["rows"]}
-    assert seen == {("torchserve", 1), ("torchserve", 3), ("naive", 2)}
+    assert set(report["cold_start_s"]) == {"torchserve", "torchserve_continuous-int8", "naive"}
+    seen = {(row["system"], row.get("mode"), row["users"]) for row in report["rows"]}
+    assert seen == {
+        ("torchserve", "continuous", 1),
+        ("torchserve", "continuous", 3),
+        ("torchserve", "continuous-int8", 1),
+        ("torchserve", "continuous-int8", 3),
+        ("naive", "naive", 2),
+    }
+    described = json.loads((tmp_path / "work/describe-continuous-int8-1.json").read_text())
+    custom = described[0]["customizedMetadata"]
+    engine = (json.loads(custom) if isinstance(custom, str) else custom)["engine"]
+    assert engine["quantization"] == "int8", engine
+    assert engine["fast"]["projections"] == "int8 weight-only, a scale per output row"
     for row in report["rows"]:
         assert set(row) >= FIELDS, FIELDS - set(row)
         assert row["errors"] == 0 and row["requests"] > 0, row
         assert row["client_processes"] == 2
+        assert row["prompt_tokens_per_s"] > row["output_tokens_per_s"] > 0, row  # both counted
+    assert report["model_flops_per_token"] > 0
     assert (tmp_path / "out/serving.png").stat().st_size > 0
     assert "| torchserve |" in (tmp_path / "out/results.md").read_text()

@@ -34,8 +34,11 @@ def test_engine_benchmark_smoke(tmp_path: Path) -> None:
     subprocess.run(command, check=True, env=environ, timeout=600, capture_output=True)
     report = json.loads((tmp_path / "out/engine.json").read_text())
     assert [row["users"] for row in report["rows"]] == [1, 3]
+    assert report["model_flops_per_token"] > 0 and report["bf16_matmul_tflops"] is None  # CPU
     for row in report["rows"]:
         assert row["requests_per_s"] > 0 and row["errors"] == 0 and row["steps_per_s"] > 0
+        assert row["prompt_tokens_per_s"] > row["output_tokens_per_s"] > 0  # prompts are longer
+        assert row["model_tflops"] is not None and row["mfu_pct"] is None
     assert (tmp_path / "out/engine.md").read_text().startswith("# Engine alone")
     assert report["profile"]["users"] == 2
     assert "_decode" in (tmp_path / "out/profile_host.txt").read_text()

@@ -102,14 +102,14 @@ class ModelWeights:
             "weight_bytes": sum(t.numel() * t.element_size() for t in tensors)
         }
         on_gpu = projection.is_cuda and weight_only.has_triton()
-        widened = "Triton weight-only kernel" if on_gpu else "dequantized reference"
+        kernel = "Triton weight-only kernel" if on_gpu else "dequantized reference"
         if projection.dtype == torch.int8:
             facts["projections"] = "int8 weight-only, a scale per output row"
-            facts["projection_kernel"] = widened
+            facts["projection_kernel"] = kernel
         if projection.dtype == torch.int32:
             group = weight_only.in_features(projection) // self.layers[0].qkv_scale.shape[1]
             facts["projections"] = f"int4 weight-only, a scale and zero point per {group} inputs"
-            facts["projection_kernel"] = widened
+            facts["projection_kernel"] = kernel
         if projection.dtype == FP8:
             static = self.layers[0].qkv_input.numel() > 0
             facts["projections"] = (
