@@ -94,6 +94,7 @@ def test_the_fast_engine_serves_it_in_int4(gptq_dir: Path) -> None:
     assert described["weights_format"] == (
         "GPTQ-Int4 checkpoint, then int4 weight-only in the fast engine"
     )
+    assert described["quantization"] == "gptq-int4"  # also hymt_engine_info's label
     assert described["fast"]["projections"] == (
         "int4 weight-only, a scale and zero point per 64 inputs"  # the tiny model's 64 inputs
     )

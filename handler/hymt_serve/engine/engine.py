@@ -121,6 +121,8 @@ class Engine:
             "load_seconds": round(self.loaded.seconds, 2),
             "weights_format": _weights_format_of(self.loaded, self.fast),
             **self.loaded.plan.describe(),
+            # a GPTQ checkpoint is quantized whatever the setting says (hymt_engine_info too)
+            **({"quantization": "gptq-int4"} if self.loaded.int4 is not None else {}),
         }
 
 
