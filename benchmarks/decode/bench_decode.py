@@ -6,8 +6,11 @@ bandwidth, and for each batch size times HF ``generate`` (eager, dynamic cache),
 production fallback (``hf-runner``: the scheduler over transformers' forward) and the fast
 engine as production runs it (the scheduler's decode loop over the fast runner, stepped on the
 calling thread as in batch mode), next to the weight+KV read roofline. Random weights never
-choose EOS, so output lengths are fixed. Writes ``results.json``,
-``results.md`` and ``decode.png`` to ``--out``.
+choose EOS, so output lengths are fixed. ``--fast-quantization`` adds the fast engine loaded
+from the saved folder through the server's own loader, as bf16 (``none``), quantized at load
+(``fp8``, ``int8``, ``int4``) or as the FP8 checkpoint ``hymt quantize-fp8`` writes from it
+(``fp8-checkpoint``), each with its ready time (load + build) and its weights' roofline.
+Writes ``results.json``, ``results.md`` and ``decode.png`` to ``--out``.
 
     PYTHONPATH=handler python benchmarks/decode/bench_decode.py --out benchmarks/decode
 """

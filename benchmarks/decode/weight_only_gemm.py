@@ -1,10 +1,11 @@
 """One pass over a 7B-shaped model's decoder projections (32 layers of fused qkv, o, gate_up,
 down; CUDA graph) per token count: bf16, FP8 on ``torch._scaled_mm``, the weight-only kernel
 (``hymt_serve.engine.weight_only``) for int8 and int4 weights, and torch's int4 tinygemm;
-first a sweep of the kernel's tiles at 1 row and at 64.
+first a sweep of the kernels' tiles at 1, 8 and 64 rows (one count per row class).
 
-A program, not a test: it chooses ``FEW_ROWS_CONFIGS`` and ``MANY_ROWS_CONFIGS``. Writes
-``weight_only_gemm.json`` to ``--out``.
+A program, not a test: it chooses ``ONE_ROW_CONFIGS``, ``FEW_ROWS_CONFIGS`` and
+``MANY_ROWS_CONFIGS``, and uses the winners for its table. Writes ``weight_only_gemm.json``
+to ``--out`` (``bench_decode.py --weight-only-configs`` takes its tiles).
 
     PYTHONPATH=handler python benchmarks/decode/weight_only_gemm.py --out DIR
 """
@@ -153,9 +154,8 @@ def main() -> None:
         "int4": wo.quantize_int4_groups,
     }
     forms = {name: [[q(w) for w in copy] for copy in dense] for name, q in quantizers.items()}
-    kinds = KINDS
     swept: dict[str, list[dict[str, Any]]] = {}
-    for (name, kind), rows in itertools.product(kinds.items(), args.sweep_rows):
+    for (name, kind), rows in itertools.product(KINDS.items(), args.sweep_rows):
         table = tables()["one_row" if rows == 1 else "few_rows" if rows <= 16 else "many_rows"]
         found = swept[f"{name}_{rows}"] = sweep(kind, forms[name], rows)
         print(name, rows, json.dumps(found[:5]), flush=True)
@@ -170,7 +170,7 @@ def main() -> None:
             "bf16": partial(bf16_pass, xs, dense),
             "fp8_scaled_mm": partial(scaled_mm_pass, [x.to(FP8) for x in xs], forms["fp8"]),
         }
-        for name, kind in kinds.items():
+        for name, kind in KINDS.items():
             config = wo.config_for(kind, m)
             runs[f"{name}_kernel"] = partial(kernel_pass, xs, forms[name], kind, config)
             runs[f"{name}_eager"] = partial(eager_pass, xs, forms[name])
@@ -189,7 +189,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "configs": {
-            table_name: {name: list(table[kind]) for name, kind in kinds.items()}
+            table_name: {name: list(table[kind]) for name, kind in KINDS.items()}
             for table_name, table in tables().items()
         },
         "sweeps": swept,

@@ -1,7 +1,7 @@
 """Weight-only products for the fast engine: ``x @ W.T`` where ``W`` is stored in fewer bits
 and widened inside the product's inner loop, so each weight byte is read once.
 
-Two weight forms, one Triton kernel:
+Two weight forms, two Triton kernels:
 
 - ``int8``: ``[out, in]`` int8 with one fp32 scale per output row (``quantization: int8``,
   for GPUs without FP8 tensor cores);
@@ -16,8 +16,8 @@ on tensor cores with fp32 accumulation and writes fp32 partial sums ``[splits, r
 the caller sums the splits and applies int8's row scale, which inductor fuses into the next
 kernel. int4 words are not unpacked into a tile: nibble ``j`` of every word meets the inputs
 ``j, j + 8, j + 16, ...`` of the block in a product of its own, so no data moves between
-threads. One row runs on CUDA cores (:func:`_define_kernels`' one-row kernel) where that is
-faster (int4); more than 16 rows of int4 widen the weights for cuBLAS (:func:`widened`).
+threads. One row runs on CUDA cores (``one_row_kernel``) where that is faster (int4); more
+than 16 rows of int4 widen the weights for cuBLAS (:func:`widened`).
 It runs as the custom op ``hymt::weight_only`` so that compiled step functions carry it.
 Off CUDA (or without Triton) :func:`reference` computes the same numbers from the
 dequantized weight.
@@ -66,7 +66,7 @@ FEW_ROWS_CONFIGS = {
 }
 MANY_ROWS_CONFIGS = {
     INT8: Config(0, 128, 128, 4, 3, 132),
-    INT4: Config(0, 128, 128, 4, 3, 264),
+    INT4: Config(0, 128, 128, 4, 3, 264),  # the benchmark's only: the engine widens instead
 }
 
 
@@ -166,8 +166,9 @@ def widened(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """int4 weights widened to ``x``'s dtype, then one dense product. For more than a few rows
     on the GPU: the tiled int4 kernel took 22.7 ms per pass over a 7B's projections at 64
     rows (bf16: 4.1 ms; int8 in the same kernel: 3.8 ms; weight_only_gemm.py), its eight
-    16-deep products per block starving the tensor cores. Inside a compiled step the
-    widening is one fused kernel that writes the bf16 weight for cuBLAS."""
+    16-deep products per block starving the tensor cores. Inside a compiled step inductor
+    can make the widening one kernel that writes the bf16 weight for cuBLAS (this path is
+    not measured yet)."""
     return x @ _int4_inputs_first(weight, scale).to(x.dtype)
 
 
