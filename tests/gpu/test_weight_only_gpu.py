@@ -59,7 +59,8 @@ def test_the_kernel_runs_inside_a_compiled_function_with_a_dynamic_batch(form: s
 def test_a_7b_model_in_weight_only_form_stays_close_to_bf16(form: str, bound: float) -> None:
     """As for FP8 (test_fp8_gpu): random weights make a chaotic network, so the bound catches
     a projection gone wrong (a wrong scale, group or packing gives a cosine near 0), not a
-    trained model's quality. int4 rounds to 16 levels per group of 128: it moves further."""
+    trained model's quality. int4 rounds to 16 levels per group of 128: it moves further
+    (measured 2026-12-01: int4 0.48 on average, 0.41 at the least)."""
     forced = torch.tensor([[5, 77, 301, 9]] * len(PROMPTS), device="cuda")
     _, quantized, cosine = against_unquantized(
         random_7b_model("cuda"), PROMPTS, forced, form, max_batch_size=8, max_seq_len=128
