@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from hymt_serve.engine.fp8_checkpoint import PROJECTIONS
-from hymt_serve.engine.quantized import FP8, FP8_MAX
+from hymt_serve.engine.quantized import FP8_MAX, quantize_tensor
 from hymt_serve.engine.weight_only import pack_int4, quantize_int4_groups
 
 IGNORED = ["lm_head", "model.embed_tokens"]
@@ -85,10 +85,9 @@ def write_fp8_checkpoint(
         if tied and name == "lm_head.weight":
             continue  # stored once, as the embeddings (as save_pretrained does)
         if leaf == "weight" and module.endswith(PROJECTIONS):
-            weight = tensor.float()
-            scale = (weight.abs().amax() / FP8_MAX).clamp(min=1e-12)
-            tensors[name] = (weight / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).cpu()
-            tensors[f"{module}.weight_scale"] = scale.reshape(1).float().cpu()
+            weight, scale = quantize_tensor(tensor)  # what the engine does with a bf16 folder
+            tensors[name] = weight.cpu()
+            tensors[f"{module}.weight_scale"] = scale.cpu()
             input_scale = (input_max[module] / FP8_MAX).clamp(min=1e-12)
             tensors[f"{module}.input_scale"] = input_scale.reshape(1).to(torch.bfloat16).cpu()
         else:
