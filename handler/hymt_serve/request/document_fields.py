@@ -13,7 +13,7 @@ from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 from hymt_serve.request.families import Profile
 from hymt_serve.request.features import FEATURE_FIELDS
 from hymt_serve.request.settings import Settings
-from hymt_serve.request.values import brief, is_unicode
+from hymt_serve.request.values import brief, flag, is_unicode
 
 DOCUMENT_FIELDS = ("document", "format", "previous_context")
 # Feature fields a document cannot take: it keeps its own format, and Chimera refines candidates.
@@ -80,13 +80,7 @@ def parse_document(
                 allowed=[f for f in FEATURE_FIELDS if f not in NOT_FOR_DOCUMENTS],
                 field=name,
             )
-    previous = fields.get("previous_context", False)
-    if not isinstance(previous, bool):
-        raise InvalidRequest(
-            f"previous_context must be true or false, got {brief(previous)}",
-            allowed=[True, False],
-            field="previous_context",
-        )
+    previous = flag(fields, "previous_context")
     if previous and "context" not in profile.features:
         raise InvalidRequest(
             f"the loaded model ({profile.title}) has no context prompt for previous_context",

@@ -38,7 +38,7 @@ from hymt_serve.request.families import HUNYUAN_MT_7B, Profile
 from hymt_serve.request.features import FEATURE_FIELDS, Features, parse_features
 from hymt_serve.request.languages import SUPPORTED_CODES, Language, lookup
 from hymt_serve.request.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
-from hymt_serve.request.values import brief, is_unicode
+from hymt_serve.request.values import brief, flag, is_unicode
 
 ALIASES = {"src_lang": "source_lang", "tgt_lang": "target_lang"}
 # A valid body nests 2 levels (object -> list of texts); anything far deeper is refused before
@@ -174,7 +174,7 @@ def parse_request(
         target=target,
         max_new_tokens=_max_new_tokens(fields.get("max_new_tokens"), settings.max_new_tokens),
         sampling=_sampling(fields, settings.sampling),
-        stream=_stream(fields.get("stream", False), single or document is not None, features),
+        stream=_stream(fields, single or document is not None, features),
         features=features,
         document=document,
     )
@@ -242,14 +242,9 @@ def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
     return tuple(items), single
 
 
-def _stream(value: Any, single: bool, features: Features) -> bool:
+def _stream(fields: Mapping[str, Any], single: bool, features: Features) -> bool:
     """``single``: one text or a document (a list of texts cannot stream)."""
-    if not isinstance(value, bool):
-        raise InvalidRequest(
-            f"stream must be true or false, got {brief(value)}",
-            allowed=[True, False],
-            field="stream",
-        )
+    value = flag(fields, "stream")
     if value and not single:
         raise InvalidRequest(
             "stream needs a single text, got a list",
@@ -296,13 +291,7 @@ def _max_new_tokens(value: Any, cap: int) -> int:
 
 
 def _sampling(fields: Mapping[str, Any], defaults: SamplingParams) -> SamplingParams | None:
-    enabled = fields.get("sampling", False)
-    if not isinstance(enabled, bool):
-        raise InvalidRequest(
-            f"sampling must be true or false, got {brief(enabled)}",
-            allowed=[True, False],
-            field="sampling",
-        )
+    enabled = flag(fields, "sampling")
     overrides = {key: fields[key] for key in SAMPLING_FIELDS if key in fields}
     if overrides and not enabled:
         raise InvalidRequest(

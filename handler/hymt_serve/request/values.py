@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 import reprlib
+from collections.abc import Mapping
 from typing import Any
+
+from hymt_serve.request.errors import InvalidRequest
 
 _BRIEF = reprlib.Repr()
 _BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 2, 40, 40
@@ -28,3 +31,15 @@ def is_unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def flag(fields: Mapping[str, Any], name: str) -> bool:
+    """The boolean field ``name`` (false when absent); InvalidRequest for anything else."""
+    value = fields.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidRequest(
+            f"{name} must be true or false, got {brief(value)}",
+            allowed=[True, False],
+            field=name,
+        )
+    return value
