@@ -67,12 +67,13 @@ def against_unquantized(
     quantize: str,
     max_batch_size: int = 4,
     max_seq_len: int = 64,
+    quantize_head: bool = False,
 ) -> tuple[FastRunner, FastRunner, Tensor]:
     """The fast engine over a copy of ``model`` and over ``model`` quantized, and the cosine
     similarity of their teacher-forced logits (one value per position)."""
     sizes = {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len}
     dense = build_fast_runner(copy.deepcopy(model), **sizes)
-    quantized = build_fast_runner(model, quantize=quantize, **sizes)
+    quantized = build_fast_runner(model, quantize=quantize, quantize_head=quantize_head, **sizes)
     ours = teacher_forced_logits(quantized, prompts, forced).flatten(0, 1)
     theirs = teacher_forced_logits(dense, prompts, forced).flatten(0, 1)
     return dense, quantized, F.cosine_similarity(ours.double(), theirs.double(), dim=-1)

@@ -39,7 +39,9 @@ from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRo
 from hymt_serve.ops.tiny_model import random_7b_model
 
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
-LOADED = ("none", "fp8", "int8", "int4", "fp8-checkpoint")
+FORMS = ("none", "fp8", "int8", "int4", "fp8-checkpoint")
+# "+head": the LM head quantized like the projections too (quantize_lm_head)
+LOADED = (*FORMS, "fp8+head", "int8+head", "fp8-checkpoint+head")
 
 
 def build_model() -> PreTrainedModel:
@@ -379,7 +381,8 @@ def parse_args() -> argparse.Namespace:
         default=[],
         help="also the fast engine loaded from --checkpoint as production loads it: bf16 "
         "(none), quantized at load (fp8, int8, int4), or the FP8 checkpoint that "
-        "`hymt quantize-fp8` writes from it (fp8-checkpoint)",
+        "`hymt quantize-fp8` writes from it (fp8-checkpoint); +head: with the LM head "
+        "quantized too (quantize_lm_head)",
     )
     parser.add_argument(
         "--weight-only-configs",
@@ -443,8 +446,9 @@ def loaded_section(
     from hymt_serve.engine.loading import load_model
     from hymt_serve.request.settings import Settings
 
+    form, _, head = quantize.partition("+")
     path = args.checkpoint
-    if quantize == "fp8-checkpoint":
+    if form == "fp8-checkpoint":
         path = args.checkpoint.with_name(args.checkpoint.name + "-fp8")
         if not path.is_dir():
             from hymt_serve.ops.quantize import write_fp8_checkpoint
@@ -454,7 +458,8 @@ def loaded_section(
             print(f"wrote {path} in {time.perf_counter() - started:.1f} s", flush=True)
     settings = {
         "model_path": str(path),
-        "quantization": quantize if quantize in ("fp8", "int8", "int4") else "none",
+        "quantization": form if form in ("fp8", "int8", "int4") else "none",
+        "quantize_lm_head": head == "head",
         "max_input_tokens": args.prompt_tokens,
         "max_new_tokens": args.fast_new_tokens,
     }
@@ -468,6 +473,7 @@ def loaded_section(
         quantize=loaded.plan.quantization,
         fp8_scales=loaded.fp8_scales,
         int4=loaded.int4,
+        quantize_head=head == "head",
     )
     info["load_s"] = round(loaded.seconds, 1)
     info["ready_s"] = round(loaded.seconds + info["ready_s"], 1)

@@ -212,9 +212,12 @@ def bench_torchserve(
 
     profile = "cpu" if args.tiny else "gpu"
     overrides: dict[str, Any] = {"minWorkers": gpus, "maxWorkers": gpus}
-    base, _, quantization = mode.partition("-")  # e.g. continuous-fp8
+    base, _, quantization = mode.partition("-")  # e.g. continuous-fp8, continuous-fp8+head
+    quantization, _, head = quantization.partition("+")
     if quantization:
         overrides["handler.quantization"] = quantization
+    if head == "head":
+        overrides["handler.quantize_lm_head"] = True
     if base == "continuous":
         overrides.update({"asyncCommunication": True, "batchSize": 1})
         if args.tiny:
@@ -427,7 +430,7 @@ def main() -> None:
         default=["continuous"],
         help="TorchServe modes to run: continuous (the GPU profile), batch (TorchServe "
         "batching); a quantization after a dash serves the model quantized at load, e.g. "
-        "continuous-fp8",
+        "continuous-fp8, and +head its LM head too (continuous-fp8+head)",
     )
     parser.add_argument(
         "--client-processes",

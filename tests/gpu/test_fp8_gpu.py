@@ -35,18 +35,27 @@ def test_scaled_mm_matches_the_dequantized_reference(rows: int, static: bool) ->
     assert error < 1e-2  # bf16 output rounding and the accumulation order
 
 
-def test_a_7b_model_in_fp8_stays_close_to_bf16() -> None:
+@pytest.mark.parametrize("head", [False, True])
+def test_a_7b_model_in_fp8_stays_close_to_bf16(head: bool) -> None:
     """Random weights make a chaotic network: any change to one layer grows over 32 layers,
     so FP8's logits are 0.89 cosine-similar to bf16's here (measured 2026-12-01; row-wise
     per-token scaling gave the same). The products themselves are held to their reference
-    above; this bound catches a projection gone wrong (a wrong scale or layout gives ~0)."""
+    above; this bound catches a projection gone wrong (a wrong scale or layout gives ~0).
+    ``head``: the LM head (tied to the embedding) in e4m3 too (quantize_lm_head)."""
     forced = torch.tensor([[5, 77, 301, 9]] * len(PROMPTS), device="cuda")
     _, fp8, cosine = against_unquantized(
-        random_7b_model("cuda"), PROMPTS, forced, "fp8", max_batch_size=8, max_seq_len=128
+        random_7b_model("cuda"),
+        PROMPTS,
+        forced,
+        "fp8",
+        max_batch_size=8,
+        max_seq_len=128,
+        quantize_head=head,
     )
     info = fp8.describe()
     assert info["projection_kernel"] == "torch._scaled_mm (tensor-wise)"
     assert info["cuda_graphs"] is True
-    assert info["weight_bytes"] < 8.5e9  # bf16: 15.0 GB
-    print("fp8 vs bf16 logits cosine", cosine.tolist())
+    assert info["weight_bytes"] < (7.6e9 if head else 8.5e9)  # bf16: 15.0 GB
+    assert str(info["lm_head"]).startswith("fp8" if head else "bfloat16")
+    print(f"fp8 (head {head}) vs bf16 logits cosine", cosine.tolist())
     assert cosine.mean() >= 0.85 and cosine.min() >= 0.8

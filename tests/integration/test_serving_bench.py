@@ -34,7 +34,7 @@ def test_serving_benchmark_runs_both_systems(tmp_path: Path) -> None:
         "--naive-users", "2",
         "--duration", "2",
         "--client-processes", "2",
-        "--modes", "continuous,continuous-int8",
+        "--modes", "continuous,continuous-int8+head",
     ]  # fmt: skip
     environ = {
         **os.environ,
@@ -45,20 +45,21 @@ def test_serving_benchmark_runs_both_systems(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "out/results.json").read_text())
-    assert set(report["cold_start_s"]) == {"torchserve", "torchserve_continuous-int8", "naive"}
+    assert set(report["cold_start_s"]) == {"torchserve", "torchserve_continuous-int8+head", "naive"}
     seen = {(row["system"], row.get("mode"), row["users"]) for row in report["rows"]}
     assert seen == {
         ("torchserve", "continuous", 1),
         ("torchserve", "continuous", 3),
-        ("torchserve", "continuous-int8", 1),
-        ("torchserve", "continuous-int8", 3),
+        ("torchserve", "continuous-int8+head", 1),
+        ("torchserve", "continuous-int8+head", 3),
         ("naive", "naive", 2),
     }
-    described = json.loads((tmp_path / "work/describe-continuous-int8-1.json").read_text())
+    described = json.loads((tmp_path / "work/describe-continuous-int8+head-1.json").read_text())
     custom = described[0]["customizedMetadata"]
     engine = (json.loads(custom) if isinstance(custom, str) else custom)["engine"]
     assert engine["quantization"] == "int8", engine
     assert engine["fast"]["projections"] == "int8 weight-only, a scale per output row"
+    assert engine["fast"]["lm_head"] == "int8, a scale per row, its table shared with the embedding"
     for row in report["rows"]:
         assert set(row) >= FIELDS, FIELDS - set(row)
         assert row["errors"] == 0 and row["requests"] > 0, row

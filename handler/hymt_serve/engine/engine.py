@@ -176,6 +176,12 @@ def _pick_runner(
     """The fast runner, or the transformers runner and why not the fast one."""
     wanted, plan = settings.engine, loaded.plan
     own = plan.quantization in FAST_QUANTIZATION  # the fast engine's own: no fallback
+    if settings.quantize_lm_head and plan.quantization not in ("fp8", "int8"):
+        raise ConfigurationError(
+            "quantize_lm_head quantizes the LM head like fp8 or int8 projections; this model's "
+            f"are {'gptq-int4' if loaded.int4 is not None else plan.quantization}: set "
+            "quantization 'fp8' or 'int8', or leave quantize_lm_head false"
+        )
     if own and wanted == "hf":
         raise ConfigurationError(
             f"quantization {plan.quantization!r} runs on the fast engine: set engine auto"
@@ -197,6 +203,7 @@ def _pick_runner(
             quantize=plan.quantization if own else "none",
             fp8_scales=loaded.fp8_scales,
             int4=loaded.int4,
+            quantize_head=settings.quantize_lm_head,
         )
     except UnsupportedModelError as error:
         if own:

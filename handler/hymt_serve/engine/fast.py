@@ -3,7 +3,7 @@ its :class:`~hymt_serve.engine.runner.FastRunner` (static KV cache sized to the 
 memory, inductor-compiled step functions, CUDA graphs for decode and prefill).
 
 The runner reuses the HF model's weight tensors (q/k/v and gate/up are fused in place, see
-:func:`hymt_serve.engine.model.fuse_linears`), so the model costs its weights once.
+:func:`hymt_serve.engine.weights.fuse_linears`), so the model costs its weights once.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from torch import nn
 
 from hymt_serve.engine.attention import TRITON_KERNEL, kernel_name
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales
-from hymt_serve.engine.model import ModelShape, extract_weights
 from hymt_serve.engine.quantized import Int4Parts
 from hymt_serve.engine.runner import STEP_HEADROOM, FastRunner
+from hymt_serve.engine.weights import ModelShape, extract_weights
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ def build_fast_runner(
     quantize: str = "none",
     fp8_scales: Fp8Scales | None = None,
     int4: Int4Parts | None = None,
+    quantize_head: bool = False,
 ) -> FastRunner:
     """A runner over ``model``'s weights; on CUDA compile and capture the steps' graphs.
 
@@ -54,7 +55,8 @@ def build_fast_runner(
     time; with ``fp8_scales``, an FP8 checkpoint's, its weights as they are), "int8" int8
     weights with a scale per output row, "int4" 4-bit weights with a scale per 128 inputs
     (both weight-only); ``int4`` (a GPTQ checkpoint's projections) replaces the model's
-    dequantized ones.
+    dequantized ones. ``quantize_head`` quantizes the LM head like the projections (fp8 or
+    int8 only).
     Raises :class:`UnsupportedModelError` if the model cannot run here (or no row fits).
     """
     start = time.perf_counter()
@@ -74,7 +76,9 @@ def build_fast_runner(
     config: Any = model.config
     with torch.inference_mode():
         runner = FastRunner(
-            extract_weights(model, quantize=quantize, scales=fp8_scales, int4=int4),
+            extract_weights(
+                model, quantize=quantize, scales=fp8_scales, int4=int4, quantize_head=quantize_head
+            ),
             shape,
             max_batch_size=rows,
             max_seq_len=max_seq_len,

@@ -24,14 +24,13 @@ from torch import Tensor
 from hymt_serve.engine.attention import kernel_name, num_splits
 from hymt_serve.engine.inputs import PackedPrompts, packed_layout, pinned, to_device
 from hymt_serve.engine.model import (
-    ModelShape,
-    ModelWeights,
     decode_forward,
     make_step_functions,
     prefill_forward,
     rope_tables,
 )
 from hymt_serve.engine.types import GenerationRow
+from hymt_serve.engine.weights import ModelShape, ModelWeights
 from hymt_serve.request.errors import PayloadTooLarge
 
 logger = logging.getLogger(__name__)
@@ -118,7 +117,7 @@ class FastRunner:
         self.buckets = bucket_sizes(max_batch_size)
         self.bucket = 0  # batch positions in use (padded); 0 when idle
         self.prefill_budget: int | None = PREFILL_TOKENS
-        device, dtype = weights.embed.device, weights.embed.dtype
+        device, dtype = weights.embed.device, weights.dtype
         self.device = device
         self.scratch_slot = max_batch_size
         cache_shape = (max_batch_size + 1, shape.kv_heads, cache_len, shape.head_dim)
@@ -274,7 +273,7 @@ class FastRunner:
 
     def describe(self) -> dict[str, object]:
         """What runs: buckets, graphs, attention kernel, cache size, timings."""
-        device, dtype = self.weights.embed.device, self.weights.embed.dtype
+        device, dtype = self.weights.embed.device, self.weights.dtype
         return {
             "device": str(device),
             "dtype": str(dtype).removeprefix("torch."),

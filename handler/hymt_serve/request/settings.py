@@ -57,6 +57,7 @@ FLOAT_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "document_length_factor": (0.0, 100.0, True),
 }
 SAMPLING_FLOATS = ("temperature", "top_p", "repetition_penalty")
+FLAGS = ("quantize_lm_head",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +69,10 @@ class Settings:
     dtype: str = "auto"
     attention: str = "auto"
     quantization: str = "none"
+    # The LM head (and the embedding table tied to it) quantized like the projections: with
+    # fp8 (at load or an FP8 checkpoint) or int8 only. Off by default: the published
+    # checkpoints keep it in bf16.
+    quantize_lm_head: bool = False
     engine: str = "auto"
     # Which model family's prompts and request features (auto: from the model folder's name).
     prompt_family: str = "auto"
@@ -131,11 +136,20 @@ class Settings:
         floats: dict[str, Any] = {
             key: _bounded_float(key, values.pop(key)) for key in FLOAT_BOUNDS if key in values
         }
+        flags: dict[str, Any] = {k: _flag(k, values.pop(k)) for k in FLAGS if k in values}
         sampling = SamplingParams(
             **{key: floats.pop(key) for key in SAMPLING_FLOATS if key in floats},
             **({"top_k": ints.pop("top_k")} if "top_k" in ints else {}),
         )
-        return cls(model_path=model_path, sampling=sampling, **choices, **ints, **floats)
+        settings = cls(
+            model_path=model_path, sampling=sampling, **choices, **ints, **floats, **flags
+        )
+        if settings.quantize_lm_head and settings.quantization not in ("none", "fp8", "int8"):
+            raise ConfigurationError(
+                "quantize_lm_head needs quantization 'fp8' or 'int8' (or an FP8 checkpoint), "
+                f"got {settings.quantization!r}"
+            )
+        return settings
 
     def public(self) -> dict[str, Any]:
         """A JSON-ready view for describe output and logs (no secrets in settings)."""
@@ -165,6 +179,12 @@ def _choice(key: str, value: Any) -> str:
     if normal not in CHOICES[key]:
         raise ConfigurationError(f"{key} must be one of {list(CHOICES[key])}, got {value!r}")
     return str(normal)
+
+
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{key} must be true or false, got {value!r}")
+    return value
 
 
 def _bounded_int(key: str, value: Any) -> int:

@@ -1,0 +1,166 @@
+"""Ready time per weight form, each in a fresh process with empty compile caches.
+
+A program, not a test. The ready time of a worker is loading the folder plus building the fast
+engine (fusing or quantizing the weights, compiling the step functions, capturing the CUDA
+graphs). Inside one process, later builds reuse inductor's and Triton's caches, so each form
+runs here in its own process with its own empty cache folders (what a new server on a new
+machine pays), with the GPU profile's sizes (128 rows of 1,024 + 512 tokens). The 7B-shaped
+random-weight folder is written first when ``--checkpoint`` does not exist yet (and its FP8
+checkpoint for ``fp8-checkpoint``). Writes ``ready.json`` and ``ready.md`` to ``--out``.
+
+    PYTHONPATH=handler python benchmarks/decode/ready_time.py --out DIR --forms none fp8 int8
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+FORMS = ("none", "fp8", "int8", "int4", "fp8-checkpoint", "fp8+head", "int8+head")
+ROWS, INPUT_TOKENS, NEW_TOKENS = 128, 1024, 512  # configs/model-config-gpu.yaml
+
+
+def folder_for(checkpoint: Path, form: str) -> Path:
+    """The folder a form loads: the bf16 one, or the FP8 checkpoint written from it."""
+    if form.startswith("fp8-checkpoint"):
+        return checkpoint.with_name(checkpoint.name + "-fp8")
+    return checkpoint
+
+
+def prepare(checkpoint: Path, forms: list[str]) -> None:
+    """Write the random bf16 folder (and its FP8 checkpoint) where missing."""
+    import torch
+
+    from hymt_serve.ops.tiny_model import random_7b_model
+
+    if not checkpoint.is_dir():
+        random_7b_model("cuda").save_pretrained(checkpoint)
+        torch.cuda.empty_cache()
+    fp8 = folder_for(checkpoint, "fp8-checkpoint")
+    if any(form.startswith("fp8-checkpoint") for form in forms) and not fp8.is_dir():
+        from hymt_serve.ops.quantize import write_fp8_checkpoint
+
+        write_fp8_checkpoint(checkpoint, fp8, device="cuda")
+
+
+def measure_one(checkpoint: Path, form: str) -> dict[str, Any]:
+    """Load and build one form here, as the worker does; the times in seconds."""
+    import torch
+
+    from hymt_serve.engine.fast import build_fast_runner
+    from hymt_serve.engine.loading import load_model
+    from hymt_serve.request.settings import Settings
+
+    base, _, head = form.partition("+")
+    start = time.perf_counter()
+    settings = {
+        "model_path": str(folder_for(checkpoint, form)),
+        "quantization": base if base in ("fp8", "int8", "int4") else "none",
+        "quantize_lm_head": head == "head",
+        "max_input_tokens": INPUT_TOKENS,
+        "max_new_tokens": NEW_TOKENS,
+    }
+    loaded = load_model(Settings.from_mapping(settings, environ={}))
+    loaded_at = time.perf_counter()
+    runner = build_fast_runner(
+        loaded.model,
+        max_batch_size=ROWS,
+        max_seq_len=INPUT_TOKENS + NEW_TOKENS,
+        quantize=loaded.plan.quantization,
+        fp8_scales=loaded.fp8_scales,
+        int4=loaded.int4,
+        quantize_head=head == "head",
+    )
+    torch.cuda.synchronize()
+    done = time.perf_counter()
+    described = runner.describe()
+    return {
+        "form": form,
+        "load_s": round(loaded_at - start, 2),
+        "build_s": round(done - loaded_at, 2),
+        "ready_s": round(done - start, 2),
+        "weight_gb": round(int(described["weight_bytes"]) / 1e9, 3),  # type: ignore[call-overload]
+        "timings": described.get("timings"),
+    }
+
+
+def run_fresh(checkpoint: Path, form: str) -> dict[str, Any]:
+    """``measure_one`` in a new process with empty inductor and Triton caches."""
+    with tempfile.TemporaryDirectory(prefix="hymt-ready-") as caches:
+        environ = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": str(Path(caches) / "inductor"),
+            "TRITON_CACHE_DIR": str(Path(caches) / "triton"),
+        }
+        command = [sys.executable, __file__, "--one", form, "--checkpoint", str(checkpoint)]
+        done = subprocess.run(command, env=environ, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {"form": form, "error": done.stderr[-2000:]}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def markdown(report: dict[str, Any]) -> str:
+    bf16 = next((r["ready_s"] for r in report["rows"] if r["form"] == "none"), None)
+    lines = [
+        f"# Ready time per weight form ({report['gpu']}, {report['date']})",
+        "",
+        f"`{report['command']}`: each form in its own process with empty compile caches; "
+        f"{ROWS} rows of {INPUT_TOKENS} + {NEW_TOKENS} tokens (the GPU profile).",
+        "",
+        "| form | weights GB | load s | build s | ready s | x bf16 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in report["rows"]:
+        if "error" in row:
+            lines.append(f"| {row['form']} | failed: see ready.json | | | | |")
+            continue
+        ratio = f"{row['ready_s'] / bf16:.2f}" if bf16 else ""
+        lines.append(
+            f"| {row['form']} | {row['weight_gb']} | {row['load_s']} | {row['build_s']} "
+            f"| {row['ready_s']} | {ratio} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/hymt-7b-random"))
+    parser.add_argument("--forms", nargs="+", choices=FORMS, default=["none", "fp8", "int8"])
+    parser.add_argument("--one", choices=FORMS, help=argparse.SUPPRESS)  # the child process
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure_one(args.checkpoint, args.one)), flush=True)
+        return
+    if args.out is None:
+        parser.error("--out is required")
+    import torch
+
+    prepare(args.checkpoint, args.forms)
+    rows = []
+    for form in args.forms:
+        rows.append(run_fresh(args.checkpoint, form))
+        print(rows[-1], flush=True)
+    report = {
+        "gpu": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ready.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "ready.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

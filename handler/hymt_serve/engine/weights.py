@@ -1,0 +1,256 @@
+"""The fast engine's weights: a decoder layer's tensors in the order the step functions take
+them, the model's shape, and collecting them from a loaded ``HunYuanDenseV1ForCausalLM`` (q/k/v
+and gate/up fused, projections quantized or taken from a quantized checkpoint, the LM head
+padded and, when asked, quantized like the projections).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hymt_serve.engine import weight_only
+from hymt_serve.engine.fp8_checkpoint import Fp8Scales
+from hymt_serve.engine.quantized import FP8, QUANTIZERS, Int4Parts, checkpoint_group, int4_group
+
+
+class LayerWeights(NamedTuple):
+    """One decoder layer's tensors, in the order the step functions take them as arguments.
+
+    A projection is a bf16/fp16/fp32 weight ``[out, in]`` (its two scales empty); an FP8
+    (e4m3) weight with its fp32 scale ``[1]`` and the input's scale: one fp32 value (static,
+    from calibration) or empty (dynamic: from each input at run time); an int8 weight with
+    fp32 scales ``[out]``; or int4 (int32 ``[in / 8, out]``) with fp16 scales and zero
+    points ``[2, groups, out]``. See :func:`linear`."""
+
+    input_norm: Tensor
+    qkv: Tensor  # q, k and v projections fused
+    q_norm: Tensor
+    k_norm: Tensor
+    o: Tensor
+    post_norm: Tensor
+    gate_up: Tensor  # gate and up projections fused
+    down: Tensor
+    qkv_scale: Tensor
+    o_scale: Tensor
+    gate_up_scale: Tensor
+    down_scale: Tensor
+    qkv_input: Tensor
+    o_input: Tensor
+    gate_up_input: Tensor
+    down_input: Tensor
+
+
+LAYER_TENSORS = len(LayerWeights._fields)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions the forward needs."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    vocab: int
+
+    @property
+    def scale(self) -> float:
+        return float(self.head_dim**-0.5)
+
+
+# The LM head is quantized like the projections: e4m3 tensor-wise, or int8 with row scales.
+HEAD_FORMS = {FP8: "fp8", torch.int8: "int8"}
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    """The model's own tensors (q/k/v and gate/up fused, see :func:`fuse_linears`).
+
+    The LM head is a projection like the others (its scale and input scale empty when it is
+    plain); ``embed_scale`` is empty for a plain embedding table and otherwise the scale of a
+    quantized one (the LM head's own table when the two are tied, see :func:`embed_tokens`)."""
+
+    embed: Tensor
+    layers: tuple[LayerWeights, ...]
+    final_norm: Tensor
+    lm_head: Tensor
+    inv_freq: Tensor
+    embed_scale: Tensor
+    lm_head_scale: Tensor
+    lm_head_input: Tensor
+
+    @property
+    def head(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The LM head as a projection: weight, scale, input scale."""
+        return self.lm_head, self.lm_head_scale, self.lm_head_input
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (the model's)."""
+        return self.final_norm.dtype
+
+    def describe(self) -> dict[str, object]:
+        """Which weights and kernels the projections use, and the weights' size."""
+        projection = self.layers[0].qkv
+        tensors = [self.embed, self.final_norm, *(t for lw in self.layers for t in lw)]
+        if self.lm_head.data_ptr() != self.embed.data_ptr():
+            tensors.append(self.lm_head)
+        tensors += [self.embed_scale, self.lm_head_scale]
+        facts: dict[str, object] = {
+            "weight_bytes": sum(t.numel() * t.element_size() for t in tensors)
+        }
+        on_gpu = projection.is_cuda and weight_only.has_triton()
+        kernel = "Triton weight-only kernel" if on_gpu else "dequantized reference"
+        if projection.dtype == torch.int8:
+            facts["projections"] = "int8 weight-only, a scale per output row"
+            facts["projection_kernel"] = kernel
+        if projection.dtype == torch.int32:
+            group = weight_only.in_features(projection) // self.layers[0].qkv_scale.shape[1]
+            facts["projections"] = f"int4 weight-only, a scale and zero point per {group} inputs"
+            facts["projection_kernel"] = kernel
+        if projection.dtype == FP8:
+            static = self.layers[0].qkv_input.numel() > 0
+            facts["projections"] = (
+                f"fp8 e4m3, tensor-wise scales, {'static' if static else 'dynamic'} input scales"
+            )
+            facts["projection_kernel"] = (
+                "torch._scaled_mm (tensor-wise)" if projection.is_cuda else "dequantized reference"
+            )
+        head = {FP8: "fp8 e4m3, tensor-wise scale", torch.int8: "int8, a scale per row"}
+        facts["lm_head"] = head.get(self.lm_head.dtype, str(self.lm_head.dtype).split(".")[-1])
+        if self.embed_scale.numel():
+            facts["lm_head"] = f"{facts['lm_head']}, its table shared with the embedding"
+        return facts
+
+
+def embed_tokens(ids: Tensor, weights: ModelWeights) -> Tensor:
+    """The embedding rows of ``ids`` in the model's dtype; a quantized table's rows are
+    dequantized (e4m3 with one scale, or int8 with a scale per row)."""
+    if not weights.embed_scale.numel():
+        return F.embedding(ids, weights.embed)
+    rows = weights.embed[ids].float()
+    scale = weights.embed_scale if weights.embed.dtype == FP8 else weights.embed_scale[ids, None]
+    return (rows * scale).to(weights.dtype)
+
+
+def fuse_linears(linears: list[nn.Linear]) -> Tensor:
+    """Concatenate the weights and rebind each module's weight to a view of the result.
+
+    One matrix product instead of several, with no second copy of the weights: the HF model
+    keeps working on the same memory.
+    """
+    fused = torch.cat([module.weight.detach() for module in linears])
+    start = 0
+    for module in linears:
+        rows = module.weight.shape[0]
+        module.weight.data = fused[start : start + rows]
+        start += rows
+    return fused
+
+
+def pad_rows(param: nn.Parameter, multiple: int) -> Tensor:
+    """Pad a ``[vocab, hidden]`` weight with zero rows to a multiple of ``multiple``.
+
+    An odd vocabulary (128167) makes cuBLAS fall back to an unaligned GEMM for the LM head
+    (measured 1.16 ms instead of about 0.3 ms at batch 64 on an H200). The parameter is rebound
+    to a view of the padded tensor, so tied embeddings stay tied and no second copy remains.
+    """
+    weight = param.detach()
+    pad = -weight.shape[0] % multiple
+    if pad == 0:
+        return weight
+    padded = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])])
+    param.data = padded[: weight.shape[0]]
+    return padded
+
+
+def extract_weights(
+    model: nn.Module,
+    *,
+    quantize: str = "none",
+    scales: Fp8Scales | None = None,
+    int4: Int4Parts | None = None,
+    quantize_head: bool = False,
+) -> ModelWeights:
+    """Collect (and fuse) the weights of a ``HunYuanDenseV1ForCausalLM``; with ``quantize``
+    "fp8" its projections become e4m3 with one scale each (inputs scaled at run time), with
+    "int8" int8 with a scale per output row (weight-only); either way the model's
+    own projection weights are released (it then serves the fast engine only). Fused
+    projections (q/k/v, gate/up) share one scale. With an FP8 checkpoint's ``scales`` the
+    model's projection weights hold e4m3 values already: they are taken as they are, those
+    of a fused group brought to its largest scale (as vLLM does), inputs scaled by the
+    group's largest static input scale. With a GPTQ checkpoint's ``int4`` parts (by module
+    name, in the weight-only kernel's form) the projections take those; the model's
+    dequantized copies are released. ``quantize_head`` makes the LM head fp8 or int8 like
+    the projections (and the embedding, when tied to it, reads the same quantized table);
+    ValueError for other projections."""
+    hf: Any = model
+    core = hf.model
+    layers: list[LayerWeights] = []
+    for index, layer in enumerate(core.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        groups = {
+            "qkv": [attn.q_proj, attn.k_proj, attn.v_proj],
+            "o": [attn.o_proj],
+            "gate_up": [mlp.gate_proj, mlp.up_proj],
+            "down": [mlp.down_proj],
+        }
+        names = {id(m): f"model.layers.{index}.{n}" for n, m in layer.named_modules()}
+        projections: dict[str, Tensor] = {}
+        for name, linears in groups.items():
+            modules = [names[id(m)] for m in linears]
+            if scales is not None:
+                projections.update(checkpoint_group(name, linears, modules, scales))
+                continue
+            if int4 is not None and all(module in int4 for module in modules):
+                projections.update(int4_group(name, linears, [int4[m] for m in modules]))
+                continue
+            fused = fuse_linears(linears) if len(linears) > 1 else linears[0].weight.detach()
+            empty = fused.new_empty(0, dtype=torch.float32)
+            if quantize != "none":
+                projections[name], projections[f"{name}_scale"] = QUANTIZERS[quantize](fused)
+                for module in linears:  # the dense copy goes: the model keeps the quantized one
+                    module.weight.data = fused.new_empty(0)
+            else:
+                projections[name], projections[f"{name}_scale"] = fused, empty
+            projections[f"{name}_input"] = empty
+        norms = (layer.input_layernorm, attn.query_layernorm, attn.key_layernorm)
+        layers.append(
+            LayerWeights(
+                input_norm=norms[0].weight.detach(),
+                q_norm=norms[1].weight.detach(),
+                k_norm=norms[2].weight.detach(),
+                post_norm=layer.post_attention_layernorm.weight.detach(),
+                **projections,
+            )
+        )
+    tied = hf.lm_head.weight is core.embed_tokens.weight
+    lm_head = pad_rows(hf.lm_head.weight, 64)
+    embed = core.embed_tokens.weight.detach()
+    empty = lm_head.new_empty(0, dtype=torch.float32)
+    head_scale = embed_scale = empty
+    if quantize_head:
+        form = HEAD_FORMS.get(layers[0].qkv.dtype)
+        if form is None:
+            got = layers[0].qkv.dtype
+            raise ValueError(f"the LM head is quantized like fp8 or int8 projections, not {got}")
+        lm_head, head_scale = QUANTIZERS[form](lm_head)
+        hf.lm_head.weight.data = hf.lm_head.weight.new_empty(0)  # the dense copy goes
+        if tied:  # one table for both: the embedding reads the quantized rows
+            embed, embed_scale = lm_head[: embed.shape[0]], head_scale
+    return ModelWeights(
+        embed=embed,
+        layers=tuple(layers),
+        final_norm=core.norm.weight.detach(),
+        lm_head=lm_head,
+        inv_freq=core.rotary_emb.inv_freq.detach().float(),
+        embed_scale=embed_scale,
+        lm_head_scale=head_scale,
+        lm_head_input=empty,
+    )
