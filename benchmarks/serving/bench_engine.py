@@ -46,6 +46,7 @@ from hymt_serve.engine.types import GenerationResult, GenerationRow
 from hymt_serve.ops.tiny_model import build_tiny_model, default_tokenizer_dir, random_7b_model
 from hymt_serve.request.languages import lookup
 from hymt_serve.request.prompts import build_prompt
+from hymt_serve.request.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "loadtest/serving"))
@@ -78,7 +79,12 @@ def build(args: argparse.Namespace) -> tuple[FastRunner, Any, float]:
         model = random_7b_model("cuda")
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     flops = flops_per_token(model.config.to_dict())
-    fast = build_fast_runner(model, max_batch_size=args.slots, max_seq_len=args.max_seq_len)
+    fast = build_fast_runner(
+        model,
+        max_batch_size=args.slots,
+        max_seq_len=args.max_seq_len,
+        prefix_entries=args.prefix_entries,
+    )
     return fast, tokenizer, flops
 
 
@@ -235,6 +241,12 @@ def main() -> None:
     parser.add_argument("--admit-rows", type=int, default=ADMIT_ROWS)
     parser.add_argument("--admit-wait-ms", type=float, default=ADMIT_WAIT_S * 1000)
     parser.add_argument("--workload", choices=("sentences", "long"), default="sentences")
+    parser.add_argument(
+        "--prefix-entries",
+        type=int,
+        default=Settings.prefix_cache_entries,
+        help="prompt prefixes kept for reuse (the prefix_cache_entries setting; 0: off)",
+    )
     parser.add_argument("--profile-users", type=int, default=0, help="0: no profiled window")
     parser.add_argument("--profile-s", type=float, default=3.0)
     args = parser.parse_args()
@@ -287,7 +299,8 @@ def main() -> None:
     table += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in results]
     (args.out / "engine.md").write_text(
         f"# Engine alone (scheduler + fast runner): {device}, {report['date']}\n\n"
-        f"workload {args.workload}, admit_rows {args.admit_rows}, admit_wait_ms "
+        f"workload {args.workload}, prefix entries {args.prefix_entries}, admit_rows "
+        f"{args.admit_rows}, admit_wait_ms "
         f"{args.admit_wait_ms}, slots {args.slots}, "
         f"{len(rows)} texts, {args.duration:.0f} s per level. model_tflops: (prompt + output "
         f"tokens/s) x {flops / 1e9:.2f} GFLOP per token; mfu_pct: that over the bf16 matrix "

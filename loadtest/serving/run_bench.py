@@ -33,6 +33,11 @@ from flops import bf16_matmul_rate, flops_per_token, utilisation
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "hunyuan-mt"
+# What a mode's "+extra" sets in the handler's settings.
+MODE_EXTRAS = {
+    "head": ("handler.quantize_lm_head", True),
+    "noprefix": ("handler.prefix_cache_entries", 0),
+}
 
 
 def build_model(out: Path, tokenizer_dir: Path | None, tiny: bool) -> Path:
@@ -212,12 +217,12 @@ def bench_torchserve(
 
     profile = "cpu" if args.tiny else "gpu"
     overrides: dict[str, Any] = {"minWorkers": gpus, "maxWorkers": gpus}
-    base, _, quantization = mode.partition("-")  # e.g. continuous-fp8, continuous-fp8+head
-    quantization, _, head = quantization.partition("+")
+    # e.g. continuous-fp8, continuous-fp8+head, continuous+noprefix
+    base, *extras = mode.split("+")
+    base, _, quantization = base.partition("-")
     if quantization:
         overrides["handler.quantization"] = quantization
-    if head == "head":
-        overrides["handler.quantize_lm_head"] = True
+    overrides.update(MODE_EXTRAS[extra] for extra in extras)
     if base == "continuous":
         overrides.update({"asyncCommunication": True, "batchSize": 1})
         if args.tiny:
@@ -430,7 +435,8 @@ def main() -> None:
         default=["continuous"],
         help="TorchServe modes to run: continuous (the GPU profile), batch (TorchServe "
         "batching); a quantization after a dash serves the model quantized at load, e.g. "
-        "continuous-fp8, and +head its LM head too (continuous-fp8+head)",
+        "continuous-fp8; +head quantizes its LM head too (continuous-fp8+head), +noprefix "
+        "turns the kept prompt prefixes off (continuous+noprefix)",
     )
     parser.add_argument(
         "--client-processes",

@@ -9,7 +9,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, Pre
 
 from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
 from hymt_serve.engine.inputs import packed_layout
-from hymt_serve.engine.runner import PREFILL_TOKENS, FastRunner
+from hymt_serve.engine.prefill import PREFILL_TOKENS
+from hymt_serve.engine.runner import FastRunner
 from hymt_serve.engine.types import GenerationRow, SamplingParams
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 
@@ -113,10 +114,30 @@ def test_packed_layout_pads_tokens_and_rows() -> None:
         0, 1, 2, 0, 0, 0,  # positions
         2, 2, 2, 0, 9, 9,  # cache slots (padding: the scratch slot)
         0, 0, 0, 1, -1, -1,  # which prompt
+        2, 2, 2, 0, 9, 9,  # the keys' slots: each prompt's own positions
+        0, 1, 2, 0, 0, 0,  # the keys' positions
+        0, 0, 0, 1, -1, -1,  # which prompt attends to each key
         2, 3, 0,  # last token of each prompt
     ]  # fmt: skip
     with pytest.raises(ValueError, match="exceed"):
         packed_layout([(5, 6, 7), (8,)], [2, 0], tokens=3, rows=3, scratch_slot=9)
+
+
+def test_a_reused_prefix_is_not_packed_but_still_attended_to() -> None:
+    prompts, slots = [(5, 6, 7, 4), (8, 1)], [2, 0]
+    layout = packed_layout(prompts, slots, tokens=5, rows=2, scratch_slot=9, starts=[2, 0], keys=7)
+    assert layout == [
+        7, 4, 8, 1, 0,  # ids: the first prompt's 2 reused tokens are not packed
+        2, 3, 0, 1, 0,  # positions
+        2, 2, 0, 0, 9,  # cache slots
+        0, 0, 1, 1, -1,  # which prompt
+        2, 2, 2, 2, 0, 0, 9,  # the keys' slots: the reused positions too
+        0, 1, 2, 3, 0, 1, 0,  # the keys' positions
+        0, 0, 0, 0, 1, 1, -1,  # which prompt attends to each key
+        1, 3,  # last token of each prompt
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="exceed"):  # padding queries need a padding key
+        packed_layout(prompts, slots, tokens=5, rows=2, scratch_slot=9, starts=[2, 0], keys=6)
 
 
 def test_prefills_past_the_token_budget_run_in_groups(model: PreTrainedModel) -> None:

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 
 from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.hf import HFRunner
-from hymt_serve.engine.runner import PREFILL_TOKENS
+from hymt_serve.engine.prefill import PREFILL_TOKENS
 from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow, SamplingParams
 from hymt_serve.request.errors import GenerationFailed, Overloaded, PayloadTooLarge
@@ -153,6 +153,20 @@ def test_too_many_waiting_rows_are_refused_at_once(model: PreTrainedModel) -> No
         gate.set()
         batcher.close()
     assert batcher.stats["rejected"] == 1
+
+
+def test_closing_fails_the_running_and_the_waiting_rows(model: PreTrainedModel) -> None:
+    """close() ends the serving thread; every row still running or waiting gets an error
+    (none is left waiting on its future)."""
+    gate = threading.Event()
+    batcher = batcher_for(model, slots=1, before_prefill=lambda rows: gate.wait())
+    running = batcher.submit(GenerationRow(PROMPTS[1], 40))
+    wait_for(lambda: batcher.describe()["waiting"] == 0)  # taken, held in its prefill
+    waiting = [batcher.submit(GenerationRow(PROMPTS[0], 40)) for _ in range(2)]
+    threading.Timer(0.5, gate.set).start()  # the prefill ends while close() waits
+    batcher.close()
+    for future in [running, *waiting]:
+        assert future.exception(timeout=30) is not None
 
 
 def test_a_failing_prefill_fails_only_its_rows(

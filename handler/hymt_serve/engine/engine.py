@@ -204,6 +204,7 @@ def _pick_runner(
             fp8_scales=loaded.fp8_scales,
             int4=loaded.int4,
             quantize_head=settings.quantize_lm_head,
+            prefix_entries=settings.prefix_cache_entries,
         )
     except UnsupportedModelError as error:
         if own:

@@ -17,6 +17,7 @@ from torch import nn
 
 from hymt_serve.engine.attention import TRITON_KERNEL, kernel_name
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales
+from hymt_serve.engine.prefill import PREFIX_TOKENS
 from hymt_serve.engine.quantized import Int4Parts
 from hymt_serve.engine.runner import STEP_HEADROOM, FastRunner
 from hymt_serve.engine.weights import ModelShape, extract_weights
@@ -46,6 +47,7 @@ def build_fast_runner(
     fp8_scales: Fp8Scales | None = None,
     int4: Int4Parts | None = None,
     quantize_head: bool = False,
+    prefix_entries: int = 0,
 ) -> FastRunner:
     """A runner over ``model``'s weights; on CUDA compile and capture the steps' graphs.
 
@@ -56,7 +58,8 @@ def build_fast_runner(
     weights with a scale per output row, "int4" 4-bit weights with a scale per 128 inputs
     (both weight-only); ``int4`` (a GPTQ checkpoint's projections) replaces the model's
     dequantized ones. ``quantize_head`` quantizes the LM head like the projections (fp8 or
-    int8 only).
+    int8 only). ``prefix_entries`` prompt prefixes are kept for reuse (0: none; see
+    :mod:`hymt_serve.engine.prefixes`); their memory comes out of the KV cache's share.
     Raises :class:`UnsupportedModelError` if the model cannot run here (or no row fits).
     """
     start = time.perf_counter()
@@ -66,7 +69,9 @@ def build_fast_runner(
             f"need max_batch_size >= 1 and max_seq_len >= 2, got {max_batch_size} and {max_seq_len}"
         )
     param = next(model.parameters())
-    rows = cache_rows(model, max_seq_len, max_batch_size, param.device)
+    rows = cache_rows(
+        model, max_seq_len, max_batch_size, param.device, reserved=prefix_entries * PREFIX_TOKENS
+    )
     if rows < 1:
         raise UnsupportedModelError("not enough free device memory for a KV cache of one row")
     capturable = kernel_name(param.device, param.dtype) == TRITON_KERNEL
@@ -83,6 +88,7 @@ def build_fast_runner(
             max_batch_size=rows,
             max_seq_len=max_seq_len,
             max_positions=int(getattr(config, "max_position_embeddings", 0)),
+            prefix_entries=prefix_entries,
         )
         if graphs:
             runner.capture(compile_=graphs if compile_model is None else compile_model)
@@ -91,9 +97,11 @@ def build_fast_runner(
     return runner
 
 
-def cache_rows(model: nn.Module, max_seq_len: int, wanted: int, device: torch.device) -> int:
+def cache_rows(
+    model: nn.Module, max_seq_len: int, wanted: int, device: torch.device, reserved: int = 0
+) -> int:
     """Rows of ``max_seq_len`` tokens (plus the runner's headroom) whose KV cache fits the free
-    device memory, at most ``wanted``."""
+    device memory next to ``reserved`` more tokens' (kept prefixes), at most ``wanted``."""
     if device.type != "cuda":
         return wanted
     config: Any = model.config
@@ -106,7 +114,8 @@ def cache_rows(model: nn.Module, max_seq_len: int, wanted: int, device: torch.de
         * next(model.parameters()).element_size()
     )
     free, _ = torch.cuda.mem_get_info(device)
-    return min(wanted, int(free * KV_CACHE_SHARE) // int(per_token * (max_seq_len + STEP_HEADROOM)))
+    budget = int(free * KV_CACHE_SHARE) - reserved * int(per_token)
+    return min(wanted, budget // int(per_token * (max_seq_len + STEP_HEADROOM)))
 
 
 def check_model(model: nn.Module) -> ModelShape:

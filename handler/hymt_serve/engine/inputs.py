@@ -19,32 +19,56 @@ def packed_layout(
     tokens: int,
     rows: int,
     scratch_slot: int,
+    starts: Sequence[int] | None = None,
+    keys: int | None = None,
 ) -> list[int]:
     """The prefill's inputs as one host list: ids, positions, cache slots and sequence numbers
     of the packed tokens (``tokens`` long each: prompts end to end, then padding that writes to
-    ``scratch_slot`` and attends only to padding), then each prompt's last packed index
-    (``rows`` long, padded with 0)."""
+    ``scratch_slot`` and attends only to padding); then the slots, positions and sequence
+    numbers of the keys each prompt attends to (``keys`` long each, default ``tokens``: every
+    position of its slot up to its last token); then each prompt's last packed index (``rows``
+    long, padded with 0). ``starts``: per prompt, how many leading tokens its slot holds
+    already (a reused prefix): only the rest is packed, the keys cover them all."""
+    starts = starts or [0] * len(prompts)
+    keys = tokens if keys is None else keys
     ids: list[int] = []
     positions: list[int] = []
     token_slots: list[int] = []
     sequence: list[int] = []
+    key_slots: list[int] = []
+    key_positions: list[int] = []
+    key_sequence: list[int] = []
     last: list[int] = []
-    for row, (prompt, slot) in enumerate(zip(prompts, slots, strict=True)):
-        ids.extend(prompt)
-        positions.extend(range(len(prompt)))
-        token_slots.extend([slot] * len(prompt))
-        sequence.extend([row] * len(prompt))
+    for row, (prompt, slot, start) in enumerate(zip(prompts, slots, starts, strict=True)):
+        ids.extend(prompt[start:])
+        positions.extend(range(start, len(prompt)))
+        token_slots.extend([slot] * (len(prompt) - start))
+        sequence.extend([row] * (len(prompt) - start))
+        key_slots.extend([slot] * len(prompt))
+        key_positions.extend(range(len(prompt)))
+        key_sequence.extend([row] * len(prompt))
         last.append(len(ids) - 1)
-    pad, pad_rows = tokens - len(ids), rows - len(last)
-    if pad < 0 or pad_rows < 0:
-        raise ValueError(f"{len(ids)} tokens in {len(last)} rows exceed {tokens} and {rows}")
+    pad, pad_keys, pad_rows = tokens - len(ids), keys - len(key_slots), rows - len(last)
+    if pad < 0 or pad_rows < 0 or pad_keys < 0 or (pad and not pad_keys):
+        raise ValueError(
+            f"{len(ids)} tokens, {len(key_slots)} keys in {len(last)} rows exceed "
+            f"{tokens}, {keys} and {rows}"
+        )
     return (
         ids + [0] * pad
         + positions + [0] * pad
         + token_slots + [scratch_slot] * pad
         + sequence + [-1] * pad
+        + key_slots + [scratch_slot] * pad_keys
+        + key_positions + [0] * pad_keys
+        + key_sequence + [-1] * pad_keys
         + last + [0] * pad_rows
     )  # fmt: skip
+
+
+def layout_size(tokens: int, keys: int, rows: int) -> int:
+    """The length of a :func:`packed_layout` list."""
+    return 4 * tokens + 3 * keys + rows
 
 
 @dataclass(frozen=True)
@@ -55,14 +79,17 @@ class PackedPrompts:
     positions: Tensor  # [N]
     token_slots: Tensor  # [N]
     sequence: Tensor  # [N] which prompt each token belongs to (-1: padding)
+    key_slots: Tensor  # [K] the cache slot of each key
+    key_positions: Tensor  # [K] its position there
+    key_sequence: Tensor  # [K] which prompt attends to it (-1: padding)
     last: Tensor  # [R] packed index of each prompt's last token
 
     @classmethod
-    def view(cls, flat: Tensor, tokens: int, rows: int) -> PackedPrompts:
-        ids, positions, slots, sequence, last = flat[: 4 * tokens + rows].split(
-            [tokens, tokens, tokens, tokens, rows]
+    def view(cls, flat: Tensor, tokens: int, keys: int, rows: int) -> PackedPrompts:
+        parts = flat[: layout_size(tokens, keys, rows)].split(
+            [tokens, tokens, tokens, tokens, keys, keys, keys, rows]
         )
-        return cls(ids, positions, slots, sequence, last)
+        return cls(*parts)
 
 
 def pinned(values: Sequence[int] | Sequence[float], dtype: torch.dtype) -> Tensor:

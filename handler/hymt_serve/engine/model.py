@@ -168,9 +168,9 @@ def decode_forward(
 
 
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """Causal attention within each packed prompt: q ``[N, H, D]``, k/v ``[N, KVH, D]``,
-    ``mask [N, N]`` (True where a query may see a key) -> ``[N, H, D]``. Its shapes depend on
-    N only, so one CUDA graph serves any mix of prompts that fills N tokens."""
+    """Causal attention within each packed prompt: q ``[N, H, D]``, k/v ``[K, KVH, D]``,
+    ``mask [N, K]`` (True where a query may see a key) -> ``[N, H, D]``. Its shapes depend on
+    N and K only, so one CUDA graph serves any mix of prompts that fits them."""
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
@@ -191,18 +191,22 @@ def prefill_forward(
     The per-token work (norms, projections, RoPE, MLP) runs on the packed tokens through the
     decode step's own functions (compiled when the decode step is: their batch dimension is
     dynamic), so a layer is a handful of kernels and no compute goes to padding between
-    prompts. K/V go straight from the packed tokens into the slots' caches. The last layer's
-    MLP and the LM head run for the last tokens only.
+    prompts. K/V go straight from the packed tokens into the slots' caches; attention then
+    reads each prompt's keys back from its slot (``batch.key_*``), so a prompt whose slot
+    holds a reused prefix packs only the tokens after it. The last layer's MLP and the LM
+    head run for the last tokens only.
     """
     cos, sin = rope[0][batch.positions], rope[1][batch.positions]
-    same = batch.sequence[:, None] == batch.sequence[None, :]
-    mask = same & (batch.positions[None, :] <= batch.positions[:, None])
+    same = batch.sequence[:, None] == batch.key_sequence[None, :]
+    mask = same & (batch.key_positions[None, :] <= batch.positions[:, None])
     x = embed_tokens(batch.ids, weights)
     q, k, v, residual = fns.first(x, cos, sin, *weights.layers[0])
     for i in range(shape.layers):
         caches[0][i][batch.token_slots, :, batch.positions] = k
         caches[1][i][batch.token_slots, :, batch.positions] = v
-        attn = packed_attention(q, k, v, mask)
+        keys = caches[0][i][batch.key_slots, :, batch.key_positions]
+        values = caches[1][i][batch.key_slots, :, batch.key_positions]
+        attn = packed_attention(q, keys, values, mask)
         if i + 1 == shape.layers:
             break
         q, k, v, residual = fns.middle(

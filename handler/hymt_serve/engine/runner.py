@@ -12,23 +12,21 @@ one replay instead of hundreds of kernel launches. Longer prefills run eagerly.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from hymt_serve.engine.attention import kernel_name, num_splits
-from hymt_serve.engine.inputs import PackedPrompts, packed_layout, pinned, to_device
 from hymt_serve.engine.model import (
     decode_forward,
     make_step_functions,
-    prefill_forward,
     rope_tables,
 )
+from hymt_serve.engine.prefill import PackedPrefill, side_stream
 from hymt_serve.engine.types import GenerationRow
 from hymt_serve.engine.weights import ModelShape, ModelWeights
 from hymt_serve.request.errors import PayloadTooLarge
@@ -36,8 +34,6 @@ from hymt_serve.request.errors import PayloadTooLarge
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-PREFILL_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024)
-PREFILL_TOKENS = PREFILL_BUCKETS[-1]  # packed tokens per prefill call (a longer prompt alone)
 # Cache positions past max_seq_len: a finished row keeps stepping until the host learns that it
 # finished (the scheduler's SYNC_EVERY steps, plus its LOOKAHEAD twice); checked there.
 STEP_HEADROOM = 16
@@ -93,7 +89,7 @@ def bucket_sizes(max_batch_size: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
-class FastRunner:
+class FastRunner(PackedPrefill):
     """Owns the cache and runs prefill and decode steps, replaying graphs when captured.
 
     ``max_seq_len`` bounds prompt + new tokens of a row and ``max_positions`` is the model's
@@ -109,6 +105,7 @@ class FastRunner:
         max_batch_size: int,
         max_seq_len: int,
         max_positions: int,
+        prefix_entries: int = 0,
     ) -> None:
         self.weights, self.shape = weights, shape
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
@@ -116,7 +113,6 @@ class FastRunner:
         self.cache_len = cache_len = max_seq_len + STEP_HEADROOM
         self.buckets = bucket_sizes(max_batch_size)
         self.bucket = 0  # batch positions in use (padded); 0 when idle
-        self.prefill_budget: int | None = PREFILL_TOKENS
         device, dtype = weights.embed.device, weights.dtype
         self.device = device
         self.scratch_slot = max_batch_size
@@ -131,13 +127,7 @@ class FastRunner:
         self.slots = torch.full_like(self.tokens, self.scratch_slot)
         self.fns = make_step_functions(shape, compile_=False)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
-        # Prefill graphs: inputs go to one flat buffer (laid out per bucket, see packed_layout),
-        # logits of up to max_batch_size prompts come out in one buffer shared by all buckets.
-        self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.prefill_inputs = torch.zeros(
-            4 * PREFILL_BUCKETS[-1] + max_batch_size, dtype=torch.int64, device=device
-        )
-        self.prefill_logits: Tensor | None = None
+        self.setup_prefill(prefix_entries)
         self.compiled = False
         self.timings: dict[str, float] = {}
 
@@ -171,57 +161,6 @@ class FastRunner:
     def bucket_for(self, rows: int) -> int:
         """The smallest bucket holding ``rows`` rows."""
         return next(b for b in self.buckets if b >= rows)
-
-    def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
-        """Fill the slots' caches with the prompts; logits after each prompt ``[R, V]``.
-
-        Runs in groups of at most ``PREFILL_TOKENS`` packed tokens (a longer prompt alone).
-        Does not wait for the device (inputs go over with asynchronous copies). The logits of
-        a single group may live in the prefill buffer: use them before the next prefill.
-        """
-        groups, start, tokens = [], 0, 0
-        for end, prompt in enumerate(prompts):
-            if end > start and tokens + len(prompt) > PREFILL_TOKENS:
-                groups.append((start, end))
-                start, tokens = end, 0
-            tokens += len(prompt)
-        groups.append((start, len(prompts)))
-        if len(groups) == 1:
-            return self._prefill_group(prompts, slots)
-        return torch.cat([self._prefill_group(prompts[a:b], slots[a:b]).clone() for a, b in groups])
-
-    def _prefill_group(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
-        tokens, rows = sum(len(p) for p in prompts), len(prompts)
-        bucket = next((b for b in self.prefill_graphs if b >= tokens), None)
-        if bucket is None:
-            layout = packed_layout(
-                prompts, slots, tokens=tokens, rows=rows, scratch_slot=self.scratch_slot
-            )
-            flat = to_device(layout, torch.int64, self.tokens.device)
-            return self._prefill_forward(PackedPrompts.view(flat, tokens, rows))
-        width = self._prefill_rows(bucket)
-        layout = packed_layout(
-            prompts, slots, tokens=bucket, rows=width, scratch_slot=self.scratch_slot
-        )
-        self.prefill_inputs[: len(layout)].copy_(pinned(layout, torch.int64), non_blocking=True)
-        self.prefill_graphs[bucket].replay()
-        assert self.prefill_logits is not None
-        return self.prefill_logits[:rows]
-
-    def _prefill_rows(self, bucket: int) -> int:
-        return min(bucket, self.max_batch_size)
-
-    def _idle_prefill_inputs(self, bucket: int) -> PackedPrompts:
-        """The bucket's view of the prefill inputs, set to padding only (scratch slot)."""
-        rows = self._prefill_rows(bucket)
-        self.prefill_inputs.zero_()
-        flat = self.prefill_inputs[: 4 * bucket + rows]
-        flat[2 * bucket : 3 * bucket].fill_(self.scratch_slot)
-        flat[3 * bucket : 4 * bucket].fill_(-1)
-        return PackedPrompts.view(flat, bucket, rows)
-
-    def _prefill_forward(self, batch: PackedPrompts) -> Tensor:
-        return prefill_forward(self.weights, self.shape, self.fns, self.rope, self.caches, batch)
 
     def load(self, tokens: Tensor, positions: Tensor, slots: Tensor) -> None:
         """Make these rows the batch, padded to their bucket."""
@@ -288,6 +227,7 @@ class FastRunner:
             "max_seq_len": self.max_seq_len,
             "kv_cache_gb": round(self.kv_cache_bytes / 1e9, 3),
             **self.weights.describe(),
+            **(self.prefixes.describe() if self.prefixes is not None else {"prefix_entries": 0}),
             **{k: round(v, 2) for k, v in self.timings.items()},
         }
 
@@ -332,44 +272,10 @@ class FastRunner:
             self.timings,
         )
 
-    def _capture_prefill(self) -> None:
-        """One graph per prefill bucket (largest first, sharing one memory pool); the inputs
-        at warm-up and capture point every token at the scratch slot."""
-        self.prefill_logits = torch.zeros(
-            self.max_batch_size, self.shape.vocab, dtype=torch.float32, device=self.tokens.device
-        )
-        buckets = list(reversed(PREFILL_BUCKETS))
-        with _side_stream():
-            for bucket in buckets:
-                self._prefill_forward(self._idle_prefill_inputs(bucket))
-        pool = torch.cuda.graph_pool_handle()
-        graphs = {}
-        for bucket in buckets:
-            inputs = self._idle_prefill_inputs(bucket)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = self._prefill_forward(inputs)
-                self.prefill_logits[: logits.shape[0]].copy_(logits)
-            graphs[bucket] = graph
-        torch.cuda.synchronize()
-        self.prefill_graphs = dict(sorted(graphs.items()))
-
     def _warm_up(self) -> None:
         """Run every bucket once on a side stream: compiles, loads kernels, settles allocations."""
-        with _side_stream():
+        with side_stream():
             self.clear()
             for bucket in reversed(self.buckets):
                 self._forward(bucket)
             self.clear()
-
-
-@contextlib.contextmanager
-def _side_stream() -> Iterator[None]:
-    """Run the block on a fresh stream (warm-up before capture, as CUDA graphs require), then
-    wait for it."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        yield
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()

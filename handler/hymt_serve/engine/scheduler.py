@@ -178,15 +178,17 @@ class Scheduler:
     def _serve(self) -> None:
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)
-        try:
-            with torch.inference_mode():
+        # The clean-up too runs in inference mode: clearing the runner's batch writes to its
+        # inference tensors (outside, that raised and left the waiting rows' futures unset).
+        with torch.inference_mode():
+            try:
                 while not self._closed.is_set():
                     self.step(block=True)
-        finally:
-            self._closed.set()
-            stopped = RuntimeError("the scheduler stopped")
-            self._reset(stopped, log=False)
-            self._fail(self._waiting.drain(), stopped, log=False)
+            finally:
+                self._closed.set()
+                stopped = RuntimeError("the scheduler stopped")
+                self._reset(stopped, log=False)
+                self._fail(self._waiting.drain(), stopped, log=False)
 
     def _admit_now(self) -> bool:
         return self._runner.can_admit(len(self._running)) and (

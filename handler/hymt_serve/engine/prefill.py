@@ -1,0 +1,198 @@
+"""The fast engine's prefill: prompts packed end to end into one forward (a CUDA graph per
+token bucket), each prompt's kept prefix copied into its slot instead of computed again
+(:mod:`hymt_serve.engine.prefixes`). A part of :class:`~hymt_serve.engine.runner.FastRunner`,
+which owns the cache and the decode steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from hymt_serve.engine.inputs import PackedPrompts, layout_size, packed_layout, pinned, to_device
+from hymt_serve.engine.model import StepFunctions, prefill_forward
+from hymt_serve.engine.prefixes import PrefixCache, copy_positions
+from hymt_serve.engine.weights import ModelShape, ModelWeights
+
+PREFILL_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024)
+PREFILL_TOKENS = PREFILL_BUCKETS[-1]  # packed tokens per prefill call (a longer prompt alone)
+PREFIX_TOKENS = 256  # the longest prompt prefix kept for reuse
+
+
+class PackedPrefill:
+    """Prefill for :class:`~hymt_serve.engine.runner.FastRunner` (its attributes below)."""
+
+    weights: ModelWeights
+    shape: ModelShape
+    fns: StepFunctions
+    rope: tuple[Tensor, Tensor]
+    caches: tuple[list[Tensor], list[Tensor]]
+    tokens: Tensor
+    device: torch.device
+    max_batch_size: int
+    max_seq_len: int
+    cache_len: int
+    scratch_slot: int
+
+    def setup_prefill(self, prefix_entries: int) -> None:
+        """The prefill's buffers, and ``prefix_entries`` kept prefixes (none when 0)."""
+        self.prefill_budget: int | None = PREFILL_TOKENS
+        # Prefill graphs: inputs go to one flat buffer (laid out per bucket, see packed_layout),
+        # logits of up to max_batch_size prompts come out in one buffer shared by all buckets.
+        self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.prefill_inputs = torch.zeros(
+            layout_size(PREFILL_TOKENS, 2 * PREFILL_TOKENS, self.max_batch_size),
+            dtype=torch.int64,
+            device=self.device,
+        )
+        self.prefill_logits: Tensor | None = None
+        self.prefixes = (
+            PrefixCache(prefix_entries, min(PREFIX_TOKENS, self.max_seq_len - 1))
+            if prefix_entries
+            else None
+        )
+        shape, dtype = self.shape, self.weights.dtype
+        kept = (prefix_entries, shape.kv_heads, min(PREFIX_TOKENS, self.cache_len), shape.head_dim)
+        layers = shape.layers if prefix_entries else 0
+        self.kept = (
+            [torch.zeros(kept, device=self.device, dtype=dtype) for _ in range(layers)],
+            [torch.zeros(kept, device=self.device, dtype=dtype) for _ in range(layers)],
+        )
+
+    def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
+        """Fill the slots' caches with the prompts; logits after each prompt ``[R, V]``.
+
+        A kept prefix of a prompt is copied into its slot and only the rest is computed; new
+        prefixes worth keeping are copied out after (:mod:`hymt_serve.engine.prefixes`).
+        Runs in groups of at most ``PREFILL_TOKENS`` packed tokens (a longer prompt alone).
+        Does not wait for the device (inputs go over with asynchronous copies). The logits of
+        a single group may live in the prefill buffer: use them before the next prefill.
+        """
+        starts = self._reuse_prefixes(prompts, slots)
+        groups, start, tokens, keys = [], 0, 0, 0
+        for end, (prompt, reused) in enumerate(zip(prompts, starts, strict=True)):
+            packed = len(prompt) - reused
+            full = tokens + packed > PREFILL_TOKENS or keys + len(prompt) > 2 * PREFILL_TOKENS
+            if end > start and full:
+                groups.append((start, end))
+                start, tokens, keys = end, 0, 0
+            tokens, keys = tokens + packed, keys + len(prompt)
+        groups.append((start, len(prompts)))
+        if len(groups) == 1:
+            logits = self._prefill_group(prompts, slots, starts)
+        else:
+            logits = torch.cat(
+                [
+                    self._prefill_group(prompts[a:b], slots[a:b], starts[a:b]).clone()
+                    for a, b in groups
+                ]
+            )
+        self._keep_prefixes(prompts, slots, starts)
+        return logits
+
+    def _reuse_prefixes(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> list[int]:
+        """Copy each prompt's longest kept prefix into its slot; how many tokens each got."""
+        if self.prefixes is None:
+            return [0] * len(prompts)
+        starts, moves = [], []
+        for prompt, slot in zip(prompts, slots, strict=True):
+            length, entry = self.prefixes.lookup(tuple(prompt))
+            starts.append(length)
+            if length:
+                moves.append((entry, slot, length))
+        kept, caches = [*self.kept[0], *self.kept[1]], [*self.caches[0], *self.caches[1]]
+        copy_positions(kept, caches, moves, self.device)
+        return starts
+
+    def _keep_prefixes(
+        self, prompts: Sequence[Sequence[int]], slots: Sequence[int], starts: Sequence[int]
+    ) -> None:
+        """Copy the prefixes worth keeping out of the slots just prefilled."""
+        if self.prefixes is None:
+            return
+        moves = []
+        for prompt, slot, reused in zip(prompts, slots, starts, strict=True):
+            length = self.prefixes.candidate(tuple(prompt), reused)
+            if length:
+                moves.append((slot, self.prefixes.keep(tuple(prompt[:length])), length))
+        kept, caches = [*self.kept[0], *self.kept[1]], [*self.caches[0], *self.caches[1]]
+        copy_positions(caches, kept, moves, self.device)
+
+    def _prefill_group(
+        self, prompts: Sequence[Sequence[int]], slots: Sequence[int], starts: Sequence[int]
+    ) -> Tensor:
+        rows, keys = len(prompts), sum(len(p) for p in prompts)
+        tokens = keys - sum(starts)
+        bucket = next((b for b in self.prefill_graphs if b >= tokens and 2 * b >= keys), None)
+        if bucket is None:
+            layout = packed_layout(
+                prompts, slots, tokens=tokens, rows=rows, scratch_slot=self.scratch_slot,
+                starts=starts, keys=keys,
+            )  # fmt: skip
+            flat = to_device(layout, torch.int64, self.tokens.device)
+            return self._prefill_forward(PackedPrompts.view(flat, tokens, keys, rows))
+        width = self._prefill_rows(bucket)
+        layout = packed_layout(
+            prompts, slots, tokens=bucket, rows=width, scratch_slot=self.scratch_slot,
+            starts=starts, keys=2 * bucket,
+        )  # fmt: skip
+        self.prefill_inputs[: len(layout)].copy_(pinned(layout, torch.int64), non_blocking=True)
+        self.prefill_graphs[bucket].replay()
+        assert self.prefill_logits is not None
+        return self.prefill_logits[:rows]
+
+    def _prefill_rows(self, bucket: int) -> int:
+        return min(bucket, self.max_batch_size)
+
+    def _idle_prefill_inputs(self, bucket: int) -> PackedPrompts:
+        """The bucket's view of the prefill inputs (``bucket`` tokens, twice as many keys), set
+        to padding only (scratch slot)."""
+        rows = self._prefill_rows(bucket)
+        self.prefill_inputs.zero_()
+        flat = self.prefill_inputs[: layout_size(bucket, 2 * bucket, rows)]
+        view = PackedPrompts.view(flat, bucket, 2 * bucket, rows)
+        for slots in (view.token_slots, view.key_slots):
+            slots.fill_(self.scratch_slot)
+        for sequence in (view.sequence, view.key_sequence):
+            sequence.fill_(-1)
+        return view
+
+    def _prefill_forward(self, batch: PackedPrompts) -> Tensor:
+        return prefill_forward(self.weights, self.shape, self.fns, self.rope, self.caches, batch)
+
+    def _capture_prefill(self) -> None:
+        """One graph per prefill bucket (largest first, sharing one memory pool); the inputs
+        at warm-up and capture point every token at the scratch slot."""
+        self.prefill_logits = torch.zeros(
+            self.max_batch_size, self.shape.vocab, dtype=torch.float32, device=self.tokens.device
+        )
+        buckets = list(reversed(PREFILL_BUCKETS))
+        with side_stream():
+            for bucket in buckets:
+                self._prefill_forward(self._idle_prefill_inputs(bucket))
+        pool = torch.cuda.graph_pool_handle()
+        graphs = {}
+        for bucket in buckets:
+            inputs = self._idle_prefill_inputs(bucket)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self._prefill_forward(inputs)
+                self.prefill_logits[: logits.shape[0]].copy_(logits)
+            graphs[bucket] = graph
+        torch.cuda.synchronize()
+        self.prefill_graphs = dict(sorted(graphs.items()))
+
+
+@contextlib.contextmanager
+def side_stream() -> Iterator[None]:
+    """Run the block on a fresh stream (warm-up before capture, as CUDA graphs require), then
+    wait for it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
