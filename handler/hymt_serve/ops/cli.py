@@ -114,17 +114,27 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.operate import health
+    from hymt_serve.ops.operate import health, liveness
 
+    server = _server(args.workdir)
     try:
-        problems = health(_server(args.workdir), args.model, args.timeout)
+        check = liveness if args.liveness else health
+        problems = check(server, args.model, args.timeout)
     except Exception as exc:  # any failure to ask is "unhealthy" for a health check
         problems = [f"cannot ask the server: {type(exc).__name__}: {exc}"]
     if problems:
         print(f"unhealthy: {'; '.join(problems)}", file=sys.stderr)
         return 1
-    print(f"healthy: {args.model} translates")
+    print(f"healthy: {args.model} {'lives' if args.liveness else 'translates'}")
     return 0
+
+
+def _cmd_drain(args: argparse.Namespace) -> int:
+    from hymt_serve.ops.drain import drain
+
+    server = _server(args.workdir)
+    names = args.model or _model_names([], server.properties().get("load_models", ""))
+    return 0 if drain(server, names, endpoint_wait=args.endpoint_wait, timeout=args.timeout) else 1
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
@@ -317,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, text in (
         ("stop", _cmd_stop, "stop TorchServe and this work folder's web front end"),
         ("health", _cmd_health, "exit 0 when the model translates now"),
+        ("drain", _cmd_drain, "fail health checks, then wait until every request is answered"),
         ("token", _cmd_token, "print a token key"),
         ("translate", _cmd_translate, "translate one text"),
         ("web", _cmd_web, "serve the translation web page"),
@@ -338,6 +349,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=8.0,
         help="seconds a one-token translation may take (default 8)",
     )
+    sub.choices["health"].add_argument(
+        "--liveness",
+        action="store_true",
+        help="only: TorchServe runs, its workers READY and alive (no translation; drain ignored)",
+    )
+    drain_cmd = sub.choices["drain"]
+    drain_cmd.add_argument("--model", action="append", default=[], help="default: load_models")
+    drain_cmd.add_argument("--endpoint-wait", type=float, default=10.0, metavar="SECONDS")
+    drain_cmd.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS")
     web = sub.choices["web"]
     web.add_argument("--host", default="127.0.0.1")
     web.add_argument("--port", type=int, default=8000)

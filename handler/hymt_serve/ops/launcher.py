@@ -100,6 +100,19 @@ def render_properties(source: Path, overrides: Mapping[str, str]) -> dict[str, s
     return values
 
 
+def render_config(
+    config: Path, overrides: Mapping[str, str] | None, model_store: Path | None
+) -> dict[str, str]:
+    """What ``start`` writes (and the Helm chart's ConfigMap is tested against)."""
+    values = render_properties(config.resolve(), dict(overrides or {}))
+    if model_store is not None:
+        values["model_store"] = str(model_store.resolve())
+    if "{model_store}" in values.get("allowed_urls", ""):
+        store = _java_regex_literal(values.get("model_store", ""))
+        values["allowed_urls"] = values["allowed_urls"].replace("{model_store}", store)
+    return values
+
+
 def write_properties(values: Mapping[str, str], path: Path) -> None:
     lines = ["# rendered by hymt start from the project's config; edit the source, not this"]
     lines += [f"{key}={value}" for key, value in values.items()]
@@ -175,6 +188,11 @@ class Server:
         return _live_pid(self.workdir / "tmp" / ".model_server.pid")
 
     @property
+    def drain_marker(self) -> Path:
+        """Written by ``hymt drain``: ``hymt health`` fails while it exists; a start removes it."""
+        return self.workdir / "draining"
+
+    @property
     def web_pid_path(self) -> Path:
         """Written by ``hymt web`` for this work folder, so that ``hymt stop`` ends it too."""
         return self.workdir / "web.pid"
@@ -234,14 +252,9 @@ def start(
     server = Server(workdir)
     if server.pid() is not None:
         raise LaunchError(f"a TorchServe started from {workdir} is already running (hymt stop)")
-    values = render_properties(config.resolve(), dict(overrides or {}))
-    if model_store is not None:
-        values["model_store"] = str(model_store.resolve())
-    if "{model_store}" in values.get("allowed_urls", ""):
-        store = _java_regex_literal(values.get("model_store", ""))
-        values["allowed_urls"] = values["allowed_urls"].replace("{model_store}", store)
-    write_properties(values, server.config_path)
+    write_properties(render_config(config, overrides, model_store), server.config_path)
     (workdir / KEY_FILE).unlink(missing_ok=True)
+    server.drain_marker.unlink(missing_ok=True)
     if server.log_dir.exists():  # this start's logs alone, so that failures are this start's
         shutil.rmtree(workdir / "logs.previous", ignore_errors=True)
         server.log_dir.rename(workdir / "logs.previous")
@@ -268,10 +281,12 @@ def start(
     return server, None
 
 
-def model_workers(server: Server, name: str) -> list[dict[str, Any]]:
+def model_workers(server: Server, name: str, timeout: float = 10) -> list[dict[str, Any]]:
     """Workers of model ``name`` from the describe API (status, pid, ...; [] if unknown yet)."""
     response = requests.get(
-        f"{server.management_url()}/models/{name}", headers=server.headers("management"), timeout=10
+        f"{server.management_url()}/models/{name}",
+        headers=server.headers("management"),
+        timeout=timeout,
     )
     if response.status_code != 200:
         return []

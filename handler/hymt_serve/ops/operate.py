@@ -75,6 +75,8 @@ def health(server: Server, name: str, timeout: float = 8.0) -> list[str]:
     workers' processes must exist (the check runs where the server runs) and a one-token
     translation must come back within ``timeout`` seconds.
     """
+    if server.drain_marker.exists():
+        return ["draining (hymt drain): out of rotation until the next start"]
     workers = model_workers(server, name)
     if not workers:
         return [f"no workers for {name}"]
@@ -83,6 +85,24 @@ def health(server: Server, name: str, timeout: float = 8.0) -> list[str]:
     ]
     problems += [f"worker {w.get('id')}: process {w['pid']} is gone" for w in _dead(workers)]
     return problems or _translation_problem(server, name, timeout)
+
+
+def liveness(server: Server, name: str, timeout: float = 8.0) -> list[str]:
+    """What says ``name``'s server is dead or stuck; [] when it lives. Looser than
+    :func:`health` on purpose (a Kubernetes liveness probe): no translation, so a server busy
+    with long batches or answering 503 to a full queue is not killed, and a drain is no
+    failure. A worker not READY counts (TorchServe 0.12.0 can leave a restarted async worker
+    UNLOADING for good); the probe's threshold must outlast a normal worker reload. The
+    describe call may take ``timeout`` seconds."""
+    if server.pid() is None:
+        return ["TorchServe is not running"]
+    workers = model_workers(server, name, timeout)
+    if not workers:
+        return [f"no workers for {name}"]
+    problems = [
+        f"worker {w.get('id')} is {w.get('status')}" for w in workers if w.get("status") != "READY"
+    ]
+    return problems + [f"worker {w.get('id')}: process {w['pid']} is gone" for w in _dead(workers)]
 
 
 def _dead(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
