@@ -30,6 +30,7 @@ class PackedPrefill:
     fns: StepFunctions
     rope: tuple[Tensor, Tensor]
     caches: tuple[list[Tensor], list[Tensor]]
+    kv: Tensor
     tokens: Tensor
     device: torch.device
     max_batch_size: int
@@ -55,11 +56,11 @@ class PackedPrefill:
             else None
         )
         shape, dtype = self.shape, self.weights.dtype
-        kept = (prefix_entries, shape.kv_heads, min(PREFIX_TOKENS, self.cache_len), shape.head_dim)
-        layers = shape.layers if prefix_entries else 0
-        self.kept = (
-            [torch.zeros(kept, device=self.device, dtype=dtype) for _ in range(layers)],
-            [torch.zeros(kept, device=self.device, dtype=dtype) for _ in range(layers)],
+        length = min(PREFIX_TOKENS, self.cache_len)
+        self.kept = torch.zeros(  # laid out as the cache (kv), entries for slots
+            (2, shape.layers, prefix_entries, shape.kv_heads, length, shape.head_dim),
+            device=self.device,
+            dtype=dtype,
         )
 
     def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
@@ -103,8 +104,7 @@ class PackedPrefill:
             starts.append(length)
             if length:
                 moves.append((entry, slot, length))
-        kept, caches = [*self.kept[0], *self.kept[1]], [*self.caches[0], *self.caches[1]]
-        copy_positions(kept, caches, moves, self.device)
+        copy_positions(self.kept, self.kv, moves, self.device)
         return starts
 
     def _keep_prefixes(
@@ -118,8 +118,7 @@ class PackedPrefill:
             length = self.prefixes.candidate(tuple(prompt), reused)
             if length:
                 moves.append((slot, self.prefixes.keep(tuple(prompt[:length])), length))
-        kept, caches = [*self.kept[0], *self.kept[1]], [*self.caches[0], *self.caches[1]]
-        copy_positions(caches, kept, moves, self.device)
+        copy_positions(self.kv, self.kept, moves, self.device)
 
     def _prefill_group(
         self, prompts: Sequence[Sequence[int]], slots: Sequence[int], starts: Sequence[int]

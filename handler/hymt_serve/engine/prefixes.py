@@ -105,19 +105,15 @@ class PrefixCache:
 
 
 def copy_positions(
-    source: Sequence[Tensor],
-    target: Sequence[Tensor],
-    moves: Sequence[tuple[int, int, int]],
-    device: torch.device,
+    source: Tensor, target: Tensor, moves: Sequence[tuple[int, int, int]], device: torch.device
 ) -> None:
-    """For each layer's ``source[i]`` and ``target[i]`` (``[slots, kv_heads, len, dim]``),
-    copy positions ``0..length-1`` of slot ``from`` to slot ``to`` for each (from, to,
-    length) in ``moves``: one indexed copy per layer."""
+    """Between K/V stores laid out ``[2, layers, slots, kv_heads, len, dim]``: copy positions
+    ``0..length-1`` of slot ``from`` in ``source`` to slot ``to`` in ``target`` for each
+    (from, to, length) in ``moves``, all layers, K and V, in one indexed copy."""
     if not moves:
         return
     froms = [move[0] for move in moves for _ in range(move[2])]
     tos = [move[1] for move in moves for _ in range(move[2])]
     positions = [p for move in moves for p in range(move[2])]
     src, dst, pos = (to_device(values, torch.int64, device) for values in (froms, tos, positions))
-    for layer_source, layer_target in zip(source, target, strict=True):
-        layer_target[dst, :, pos] = layer_source[src, :, pos]
+    target[:, :, dst, :, pos] = source[:, :, src, :, pos]

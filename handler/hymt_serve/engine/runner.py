@@ -116,11 +116,14 @@ class FastRunner(PackedPrefill):
         device, dtype = weights.embed.device, weights.dtype
         self.device = device
         self.scratch_slot = max_batch_size
-        cache_shape = (max_batch_size + 1, shape.kv_heads, cache_len, shape.head_dim)
-        self.caches = (
-            [torch.zeros(cache_shape, device=device, dtype=dtype) for _ in range(shape.layers)],
-            [torch.zeros(cache_shape, device=device, dtype=dtype) for _ in range(shape.layers)],
+        # K and V of every layer in one tensor, so that a kept prefix moves in one copy; the
+        # kernels see each layer's K or V as a view ([slots, kv_heads, len, dim], contiguous).
+        self.kv = torch.zeros(
+            (2, shape.layers, max_batch_size + 1, shape.kv_heads, cache_len, shape.head_dim),
+            device=device,
+            dtype=dtype,
         )
+        self.caches = (list(self.kv[0].unbind()), list(self.kv[1].unbind()))
         self.rope = rope_tables(weights.inv_freq, cache_len, dtype)
         self.tokens = torch.zeros(max_batch_size, dtype=torch.int64, device=device)
         self.positions = torch.zeros_like(self.tokens)
