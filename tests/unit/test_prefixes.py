@@ -12,7 +12,9 @@ from runner_helpers import generate
 from test_fast_engine import hf_generate, tiny_model
 from transformers import PreTrainedModel
 
+from hymt_serve.engine import prefill
 from hymt_serve.engine.fast import build_fast_runner
+from hymt_serve.engine.inputs import PackedPrompts
 from hymt_serve.engine.prefixes import PrefixCache, common_length
 from hymt_serve.engine.runner import FastRunner
 from hymt_serve.engine.types import GenerationRow
@@ -129,3 +131,43 @@ def test_generation_with_prefixes_kept_equals_transformers(model: PreTrainedMode
     assert info["prefix_hits"] > 0 and info["prefix_evicted"] > 0, info
     for (tokens, _), row in zip(results, rows, strict=True):
         assert tokens == hf_generate(model, row.prompt_ids, row.max_new_tokens)
+
+
+class EmulatedGraph:
+    """A prefill "graph" on the CPU: replays the bucket's forward over the inputs buffer, as
+    the captured graph does, so the padded bucket layout runs here too."""
+
+    def __init__(self, runner: FastRunner, bucket: int) -> None:
+        self.runner, self.bucket = runner, bucket
+
+    def replay(self) -> None:
+        runner, bucket = self.runner, self.bucket
+        rows = runner._prefill_rows(bucket)
+        inputs = PackedPrompts.view(runner.prefill_inputs, bucket, 2 * bucket, rows)
+        assert runner.prefill_logits is not None
+        runner.prefill_logits[:rows] = runner._prefill_forward(inputs)
+
+
+@torch.inference_mode()
+def test_the_padded_bucket_layout_gives_the_exact_prefills_logits(
+    model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the buckets' layout (padding tokens and keys, twice as many keys as tokens),
+    including a prompt whose keys fill a bucket's key capacity while its tokens do not fill
+    the bucket (it must go to the next bucket: its padding tokens need a padding key)."""
+    # no page-locked memory on the CPU
+    monkeypatch.setattr(prefill, "pinned", lambda values, dtype: torch.tensor(values, dtype=dtype))
+    plain, reusing = runners(model, entries=2)
+    reusing.prefill_logits = torch.zeros(reusing.max_batch_size, reusing.vocab)
+    reusing.prefill_graphs = {b: EmulatedGraph(reusing, b) for b in (32, 64)}  # type: ignore[misc]
+    template = tuple(range(1, 41))  # 40 tokens
+    for slot, source in enumerate((100, 101, 102)):
+        reusing.prefill([(*template, source)], [slot])
+    assert reusing.describe()["prefixes_kept_now"] == 1
+    batch = [(*template, *range(200, 224))]  # 64 keys, 24 tokens to compute
+    ours = reusing.prefill(batch, [4]).clone()
+    assert reusing.describe()["prefix_hits"] == 1
+    torch.testing.assert_close(ours, plain.prefill(batch, [4]), rtol=1e-5, atol=1e-5)
+    mixed = [(*template, 300, 301), (1, 5, 6, 7), (*template, *range(400, 410))]
+    ours = reusing.prefill(mixed, [1, 2, 3]).clone()
+    torch.testing.assert_close(ours, plain.prefill(mixed, [1, 2, 3]), rtol=1e-5, atol=1e-5)

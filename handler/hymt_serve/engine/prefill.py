@@ -125,7 +125,9 @@ class PackedPrefill:
     ) -> Tensor:
         rows, keys = len(prompts), sum(len(p) for p in prompts)
         tokens = keys - sum(starts)
-        bucket = next((b for b in self.prefill_graphs if b >= tokens and 2 * b >= keys), None)
+        # a bucket of b tokens takes 2b keys; padding tokens need a padding key of their own
+        fits = (b for b in self.prefill_graphs if b >= tokens and 2 * b >= keys + (b > tokens))
+        bucket = next(fits, None)
         if bucket is None:
             layout = packed_layout(
                 prompts, slots, tokens=tokens, rows=rows, scratch_slot=self.scratch_slot,
