@@ -10,12 +10,13 @@ import pytest
 import torch
 from runner_helpers import generate
 from test_fast_engine import hf_generate, tiny_model
+from torch import Tensor
 from transformers import PreTrainedModel
 
 from hymt_serve.engine import prefill
 from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.inputs import PackedPrompts
-from hymt_serve.engine.prefixes import PrefixCache, common_length
+from hymt_serve.engine.prefixes import PrefixCache, common_length, copy_positions
 from hymt_serve.engine.runner import FastRunner
 from hymt_serve.engine.types import GenerationRow
 
@@ -171,3 +172,34 @@ def test_the_padded_bucket_layout_gives_the_exact_prefills_logits(
     mixed = [(*template, 300, 301), (1, 5, 6, 7), (*template, *range(400, 410))]
     ours = reusing.prefill(mixed, [1, 2, 3]).clone()
     torch.testing.assert_close(ours, plain.prefill(mixed, [1, 2, 3]), rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_two_prefixes_kept_in_one_prefill_for_one_entry_leave_the_later(
+    model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One entry, and one prefill that keeps two prefixes: the second evicts the first, and
+    the entry must hold the second's K/V (a prompt on it then gets the full prefill's logits).
+    Two copies into one entry in one indexed copy would leave either on a GPU (the CPU keeps
+    the last), so the copies are checked to go to distinct entries."""
+    copies: list[list[tuple[int, int, int]]] = []
+
+    def recorded(
+        source: Tensor, target: Tensor, moves: list[tuple[int, int, int]], device: object
+    ) -> None:
+        copies.append(list(moves))
+        copy_positions(source, target, moves, device)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prefill, "copy_positions", recorded)
+    plain, reusing = runners(model, entries=1)
+    alone = tuple(range(100, 112))  # a template that shares no beginning with TEMPLATE
+    for slot, source in enumerate((40, 41)):  # two prompts of each template seen
+        reusing.prefill([prompt(TEMPLATE, source), prompt(alone, source)], [slot, slot + 2])
+    reusing.prefill([prompt(TEMPLATE, 50), prompt(alone, 50)], [4, 5])  # both become kept
+    info = reusing.describe()
+    assert info["prefix_kept"] == 2 and info["prefix_evicted"] == 1, info
+    assert all(len({move[1] for move in moves}) == len(moves) for moves in copies), copies
+    later = [prompt(alone, 60, 61)]
+    ours = reusing.prefill(later, [6]).clone()
+    assert reusing.describe()["prefix_hits"] == 1
+    torch.testing.assert_close(ours, plain.prefill(later, [6]), rtol=1e-5, atol=1e-5)

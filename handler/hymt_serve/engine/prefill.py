@@ -113,11 +113,14 @@ class PackedPrefill:
         """Copy the prefixes worth keeping out of the slots just prefilled."""
         if self.prefixes is None:
             return
-        moves = []
+        # entry -> (slot, length): when a later prompt's prefix takes the entry an earlier
+        # one's just got (all entries in use), only the later copy may go there
+        into: dict[int, tuple[int, int]] = {}
         for prompt, slot, reused in zip(prompts, slots, starts, strict=True):
             length = self.prefixes.candidate(tuple(prompt), reused)
             if length:
-                moves.append((slot, self.prefixes.keep(tuple(prompt[:length])), length))
+                into[self.prefixes.keep(tuple(prompt[:length]))] = (slot, length)
+        moves = [(slot, entry, length) for entry, (slot, length) in into.items()]
         copy_positions(self.kv, self.kept, moves, self.device)
 
     def _prefill_group(
