@@ -48,3 +48,16 @@ def test_hymt_web_refuses_a_bad_key_file_in_one_line(tmp_path: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
     assert done.stderr.strip() == f"hymt web: {tmp_path / 'web_keys.json'} holds no keys"
+
+
+def test_a_read_only_key_file_from_a_secret_is_read_and_usage_kept_beside(tmp_path: Path) -> None:
+    """The Helm chart mounts a Secret's web_keys.json read-only into the work folder: it is
+    read as it is (never rewritten), and the usage goes to web_usage.json beside it."""
+    path = tmp_path / "web_keys.json"
+    path.write_text(json.dumps({"keys": [GOOD]}))
+    path.chmod(0o440)
+    keys = ClientKeys.open(path)
+    key = keys.find("k" * 16)
+    assert key is not None and keys.reserve(key, 4)
+    assert json.loads((tmp_path / "web_usage.json").read_text()) == {"a": 4}
+    assert json.loads(path.read_text()) == {"keys": [GOOD]}

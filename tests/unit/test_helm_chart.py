@@ -92,8 +92,9 @@ def pod_spec(name: str) -> dict[str, Any]:
 
 
 def server_container(name: str) -> dict[str, Any]:
-    (container,) = pod_spec(name)["containers"]
-    return dict(container)
+    containers = pod_spec(name)["containers"]
+    assert [c["name"] for c in containers][1:] in ([], ["web"]), containers
+    return dict(containers[0])
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -275,7 +276,9 @@ def test_no_key_material_only_secret_references(name: str) -> None:
                   for ref in spec.get("envFrom", [])]  # fmt: skip
     secret = values_of(name)["model"]["init"]["existingSecret"]
     assert references == ([{"secretRef": {"name": secret}}] if secret else [])
-    assert all("secret" not in volume for volume in pod_spec(name)["volumes"])
+    secrets = [v["secret"]["secretName"] for v in pod_spec(name)["volumes"] if "secret" in v]
+    web = values_of(name)["web"]
+    assert secrets == ([web["existingSecret"]] if web["enabled"] and name != "kserve" else [])
 
 
 def test_network_policy_opens_only_inference_to_everyone() -> None:
@@ -341,3 +344,30 @@ def test_kserve_runs_the_same_container_instead_of_the_deployment() -> None:
         assert theirs[key] == ours[key], key
     same_mounts = [m for m in ours["volumeMounts"] if m["name"] != "model"]
     assert [m for m in theirs["volumeMounts"] if m["name"] != "model"] == same_mounts
+
+
+def test_the_web_front_end_serves_shared_client_keys_from_a_secret() -> None:
+    """web.enabled: `hymt web` beside TorchServe on its own port, open to all like 8080, its
+    client keys mounted from the Secret where it reads them, draining with the pod."""
+    assert [c["name"] for c in pod_spec("default")["containers"]] == ["torchserve"]
+    (web,) = [c for c in pod_spec("init-hpa")["containers"] if c["name"] == "web"]
+    args = build_parser().parse_args(web["command"][1:])
+    assert (args.command, args.host, args.port, args.workdir) == ("web", "0.0.0.0", 8090, Path(RUN))
+    assert args.client_keys is None  # the default: WORKDIR/web_keys.json, the Secret's file
+    mounts = {m["name"]: m for m in web["volumeMounts"]}
+    assert mounts["web-keys"] == {
+        "name": "web-keys", "mountPath": f"{RUN}/web_keys.json", "subPath": "web_keys.json",
+        "readOnly": True,
+    }  # fmt: skip
+    assert mounts["run"]["mountPath"] == RUN  # TorchServe's key and the usage file
+    assert web["lifecycle"]["preStop"]["exec"]["command"][:2] == ["hymt", "drain"]
+    (service,) = of_kind("init-hpa", "Service")
+    assert [p["port"] for p in service["spec"]["ports"]] == [8080, 8090]
+    (policy,) = of_kind("init-hpa", "NetworkPolicy")
+    open_to_all = [rule for rule in policy["spec"]["ingress"] if "from" not in rule]
+    assert [p["port"] for rule in open_to_all for p in rule["ports"]] == [8080, 8090]
+    missing = run_helm(
+        "template", "hymt", str(CHART), "--set", "web.enabled=true", "--set",
+        "model.pvc.existingClaim=m",
+    )  # fmt: skip
+    assert missing.returncode != 0 and "web.existingSecret is required" in missing.stderr

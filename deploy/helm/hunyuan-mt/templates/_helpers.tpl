@@ -265,3 +265,45 @@ tolerations: {{- toYaml . | nindent 2 }}
 affinity: {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+
+{{/* The web front end (web.enabled): `hymt web` beside TorchServe, its client keys from the
+Secret mounted where it reads them (run/web_keys.json; usage is kept beside, in run/), the
+pod's TorchServe key read from the shared run/ folder. It drains with the pod. */}}
+{{- define "hunyuan-mt.webContainer" -}}
+{{- $workdir := include "hunyuan-mt.workdir" . -}}
+- name: web
+  image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: ["hymt", "web", "--host", "0.0.0.0", "--port", {{ .Values.web.port | quote }}, "--workdir", {{ $workdir | quote }}, "--threads", {{ .Values.web.threads | quote }}]
+  ports:
+    - name: web
+      containerPort: {{ .Values.web.port }}
+      protocol: TCP
+  resources: {{- toYaml .Values.web.resources | nindent 4 }}
+  securityContext: {{- include "hunyuan-mt.containerSecurity" . | nindent 4 }}
+  readinessProbe:
+    httpGet:
+      path: /
+      port: web
+    periodSeconds: 10
+  livenessProbe:
+    httpGet:
+      path: /
+      port: web
+    periodSeconds: 30
+    failureThreshold: 5
+  lifecycle:
+    preStop:
+      exec:
+        command: ["hymt", "drain", "--workdir", {{ $workdir | quote }}, "--endpoint-wait", {{ .Values.drain.endpointWaitSeconds | quote }}, "--timeout", {{ .Values.drain.drainTimeoutSeconds | quote }}]
+  volumeMounts:
+    - name: run
+      mountPath: {{ $workdir }}
+    - name: web-keys
+      mountPath: {{ $workdir }}/web_keys.json
+      subPath: web_keys.json
+      readOnly: true
+    - name: tmp
+      mountPath: /tmp
+{{- end -}}
