@@ -32,7 +32,7 @@ from hymt_serve.engine.types import (
     OnTokens,
 )
 from hymt_serve.request.errors import ConfigurationError
-from hymt_serve.request.settings import Settings
+from hymt_serve.request.settings import HEAD_QUANTIZATIONS, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def _pick_runner(
     """The fast runner, or the transformers runner and why not the fast one."""
     wanted, plan = settings.engine, loaded.plan
     own = plan.quantization in FAST_QUANTIZATION  # the fast engine's own: no fallback
-    if settings.quantize_lm_head and plan.quantization not in ("fp8", "int8"):
+    if settings.quantize_lm_head and plan.quantization not in HEAD_QUANTIZATIONS:
         raise ConfigurationError(
             "quantize_lm_head quantizes the LM head like fp8 or int8 projections; this model's "
             f"are {'gptq-int4' if loaded.int4 is not None else plan.quantization}: set "

@@ -46,6 +46,8 @@ class PrefixCache:
     def __init__(self, entries: int, max_tokens: int, min_tokens: int = 8) -> None:
         self.entries, self.max_tokens, self.min_tokens = entries, max_tokens, min_tokens
         self._kept: OrderedDict[tuple[int, ...], int] = OrderedDict()  # prefix -> entry, LRU
+        # the kept prefixes by their first min_tokens tokens: a lookup compares only those
+        self._by_start: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
         self._recent: OrderedDict[tuple[int, ...], deque[tuple[int, ...]]] = OrderedDict()
         self.stats = {"hits": 0, "reused_tokens": 0, "kept": 0, "evicted": 0}
 
@@ -53,9 +55,9 @@ class PrefixCache:
         """The longest kept prefix of ``prompt`` that leaves at least one token to prefill:
         (its length, its entry), or (0, -1)."""
         best, entry = 0, -1
-        for prefix, index in self._kept.items():
+        for prefix in self._by_start.get(prompt[: self.min_tokens], ()):
             if best < len(prefix) < len(prompt) and prompt[: len(prefix)] == prefix:
-                best, entry = len(prefix), index
+                best, entry = len(prefix), self._kept[prefix]
         if entry >= 0:
             self._kept.move_to_end(prompt[:best])
             self.stats["hits"] += 1
@@ -85,13 +87,17 @@ class PrefixCache:
         return length
 
     def keep(self, prefix: tuple[int, ...]) -> int:
-        """An entry for ``prefix`` (the least recently used one when all are taken)."""
+        """An entry for ``prefix`` (at least ``min_tokens`` long; the least recently used
+        entry when all are taken)."""
+        assert len(prefix) >= self.min_tokens, prefix
         if len(self._kept) < self.entries:
             entry = len(self._kept)
         else:
-            _, entry = self._kept.popitem(last=False)
+            evicted, entry = self._kept.popitem(last=False)
+            self._by_start[evicted[: self.min_tokens]].discard(evicted)
             self.stats["evicted"] += 1
         self._kept[prefix] = entry
+        self._by_start.setdefault(prefix[: self.min_tokens], set()).add(prefix)
         self.stats["kept"] += 1
         return entry
 

@@ -59,6 +59,9 @@ FLOAT_BOUNDS: dict[str, tuple[float, float, bool]] = {
 }
 SAMPLING_FLOATS = ("temperature", "top_p", "repetition_penalty")
 FLAGS = ("quantize_lm_head",)
+# The quantizations whose form the LM head can take (quantize_lm_head); an FP8 checkpoint
+# loads as fp8 with quantization "none".
+HEAD_QUANTIZATIONS = ("fp8", "int8")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,7 +152,7 @@ class Settings:
         settings = cls(
             model_path=model_path, sampling=sampling, **choices, **ints, **floats, **flags
         )
-        if settings.quantize_lm_head and settings.quantization not in ("none", "fp8", "int8"):
+        if settings.quantize_lm_head and settings.quantization not in ("none", *HEAD_QUANTIZATIONS):
             raise ConfigurationError(
                 "quantize_lm_head needs quantization 'fp8' or 'int8' (or an FP8 checkpoint), "
                 f"got {settings.quantization!r}"
