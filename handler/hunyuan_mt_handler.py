@@ -15,6 +15,7 @@ from typing import Any
 
 from ts.handler_utils.utils import send_intermediate_predict_response
 
+from hymt_serve.request import oip
 from hymt_serve.request.errors import (
     HTTP_PHRASES,
     ConfigurationError,
@@ -53,6 +54,7 @@ class HunyuanMTHandler:
         self.async_mode = False
         self.initialized = False
         self.origins: list[Origin] = []  # of the batch being handled (batch mode)
+        self.calls: list[oip.Call | None] = []  # its v2 (Open Inference Protocol) requests
 
     def initialize(self, context: Any) -> None:
         """Read the ``handler:`` settings, load the engine, register metrics.
@@ -95,14 +97,15 @@ class HunyuanMTHandler:
     async def _handle_async(self, data: list[dict[str, Any]], context: Any) -> list[str]:
         """One request (TorchServe's async mode); ``context`` belongs to this call only."""
         service = self._service()
+        calls: list[oip.Call | None] = [None] * len(data)
         try:
             if context.get_request_header(0, "describe") == "True":
                 return [json.dumps(await self._describe_async())]
             origins = _origins(context, len(data))
             if _heavy(data):  # a document: split and tokenised off the event loop
-                outcomes = await asyncio.to_thread(self._prepare, data, origins)
+                outcomes, calls = await asyncio.to_thread(self._prepare, data, origins, context)
             else:
-                outcomes = self._prepare(data, origins)
+                outcomes, calls = self._prepare(data, origins, context)
             sink = partial(_send_event, context)
             generated = await service.generate_async(outcomes, sink=sink)
             replies = service.render(outcomes, generated, _request_ids(context, len(data)))
@@ -111,17 +114,26 @@ class HunyuanMTHandler:
             ids = _request_ids(context, len(data))
             replies = [Reply(error.status, error.body(i)) for i in ids]
             origins = _origins(context, len(data))
-        return _respond(replies, context, origins)
+        return _respond(replies, context, origins, calls)
 
     def preprocess(self, data: list[dict[str, Any]]) -> list[Outcome]:
         """Parse and tokenise each request; a bad one becomes its own error."""
-        return self._prepare(data, self.origins)
+        outcomes, self.calls = self._prepare(data, self.origins, self.context)
+        return outcomes
 
-    def _prepare(self, data: list[dict[str, Any]], origins: list[Origin]) -> list[Outcome]:
+    def _prepare(
+        self, data: list[dict[str, Any]], origins: list[Origin], context: Any
+    ) -> tuple[list[Outcome], list[oip.Call | None]]:
+        """Each request's outcome, and for a v2 request what its response needs."""
         logger.debug("batch of %d requests: %s", len(data), data)
-        bodies = [_body(row, where) for row, where in zip(data, origins, strict=True)]
+        bodies, calls = [], []
+        for index, (row, where) in enumerate(zip(data, origins, strict=True)):
+            body, call = _body(row, where, context.get_all_request_header(index))
+            bodies.append(body)
+            calls.append(call)
         outcomes = self._service().prepare(bodies)
-        return [_fit(outcome, where) for outcome, where in zip(outcomes, origins, strict=True)]
+        fitted = [_fit(outcome, where) for outcome, where in zip(outcomes, origins, strict=True)]
+        return fitted, calls
 
     def inference(self, outcomes: list[Outcome]) -> list[Reply]:
         """Generate for every valid request of the batch at once and render the replies."""
@@ -131,7 +143,7 @@ class HunyuanMTHandler:
 
     def postprocess(self, replies: list[Reply]) -> list[str]:
         """Set each request's status and content type; JSON strings in request order."""
-        return _respond(replies, self.context, self.origins)
+        return _respond(replies, self.context, self.origins, self.calls)
 
     async def _describe_async(self) -> dict[str, Any]:
         """:meth:`describe` without blocking the event loop: the engine process answers while
@@ -197,7 +209,7 @@ def _heavy(data: list[dict[str, Any]]) -> bool:
     tokenising hundreds of segments) to keep it off the event loop other requests share."""
     for row in data:
         body = row.get("body", row.get("data"))
-        if isinstance(body, dict) and "document" in body:
+        if isinstance(body, dict) and ("document" in body or oip.holds_document(body)):
             return True
         if isinstance(body, (bytes, bytearray, str)) and len(body) > HEAVY_BODY_BYTES:
             return True
@@ -208,11 +220,14 @@ def _origins(context: Any, count: int) -> list[Origin]:
     return [origin(context.get_all_request_header(index)) for index in range(count)]
 
 
-def _body(row: dict[str, Any], where: Origin) -> Any:
+def _body(row: dict[str, Any], where: Origin, headers: Any) -> tuple[Any, oip.Call | None]:
+    """The request API's body of one request (a ServiceError when it has none), and for a v2
+    request (Open Inference Protocol, HTTP only) what its response needs."""
     try:
-        return body_of(row, where)
+        body = body_of(row, where)
+        return oip.unwrap(body, headers) if where is Origin.HTTP else (body, None)
     except ServiceError as error:
-        return error
+        return error, None
 
 
 def _fit(outcome: Outcome, where: Origin) -> Outcome:
@@ -222,21 +237,32 @@ def _fit(outcome: Outcome, where: Origin) -> Outcome:
     return outcome
 
 
-def _respond(replies: list[Reply], context: Any, origins: list[Origin]) -> list[str]:
+def _respond(
+    replies: list[Reply],
+    context: Any,
+    origins: list[Origin],
+    calls: list[oip.Call | None],
+) -> list[str]:
     """Set each request's status and content type; JSON strings in request order.
 
     A streaming request's final chunk is one more JSON line (newline-delimited JSON). A gRPC
     reply is marked as the last message of its call (TorchServe's StreamPredictions fails the
-    call after a reply without that mark); a StreamPredictions2 request gets no reply.
+    call after a reply without that mark); a StreamPredictions2 request gets no reply. A v2
+    request's translations come as a v2 response (its errors keep their body).
     """
-    for index, (reply, where) in enumerate(zip(replies, origins, strict=True)):
+    answers = []
+    for index, (reply, where, call) in enumerate(zip(replies, origins, calls, strict=True)):
         context.set_response_status(reply.status, HTTP_PHRASES.get(reply.status, ""), index)
         context.set_response_content_type(index, NDJSON if reply.stream else JSON)
         if where.grpc:
             context.set_response_header(index, STREAM_NEXT_HEADER, "false")
         if where is Origin.GRPC_SEQUENCE:
             _withhold(context, index)
-    return [json.dumps(r.body, ensure_ascii=False) + ("\n" if r.stream else "") for r in replies]
+        body = reply.body
+        if call is not None and reply.status == 200:
+            body = call.response(body, context.model_name)
+        answers.append(json.dumps(body, ensure_ascii=False) + ("\n" if reply.stream else ""))
+    return answers
 
 
 def _withhold(context: Any, index: int) -> None:

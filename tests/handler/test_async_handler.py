@@ -157,6 +157,39 @@ def test_a_document_streams_its_progress_beside_sentences(
     assert all(s == 200 for s, _, _ in plain)
 
 
+def test_v2_requests_in_flight_with_api_requests(
+    async_handler: tuple[HunyuanMTHandler, Any],
+) -> None:
+    """A KServe v2 request (Open Inference Protocol) and a document as v2 tensors, beside
+    request API requests: the same translations, as output tensors."""
+    handler, context = async_handler
+    texts = ["Good night", "See you", "Thanks a lot for the help"]
+    tensor = {"name": "text", "datatype": "BYTES", "shape": [3, 1], "data": [[t] for t in texts]}
+    v2 = {"id": "k-1", "inputs": [tensor], "parameters": {"target_lang": "de"}}
+    document = {
+        "inputs": [
+            {"name": "document", "datatype": "BYTES", "shape": [1], "data": ["One.\n\nTwo."]}
+        ],
+        "parameters": {"target_lang": "fr", "format": "text"},
+    }
+
+    async def together() -> list[tuple[int, str, str]]:
+        calls = [one_call(handler, context, v2, "v"), one_call(handler, context, BODIES[1], "p")]
+        calls.append(one_call(handler, context, document, "d"))
+        return list(await asyncio.gather(*calls))
+
+    (status, content_type, text), (_, _, plain), (doc_status, _, doc) = asyncio.run(together())
+    assert status == 200 and content_type == "application/json"
+    reply, expected = json.loads(text), json.loads(plain)
+    assert reply["id"] == "k-1" and reply["parameters"]["request_id"] == "v"
+    translation = next(t for t in reply["outputs"] if t["name"] == "translation")
+    assert translation["data"] == [t["text"] for t in expected["translations"]]
+    assert reply["parameters"]["output_tokens"] == expected["usage"]["output_tokens"]
+    assert doc_status == 200
+    [doc_tensor] = json.loads(doc)["outputs"]
+    assert doc_tensor["name"] == "document" and doc_tensor["data"][0].count("\n\n") == 1
+
+
 def test_describe_is_answered_in_async_mode(async_handler: tuple[HunyuanMTHandler, Any]) -> None:
     handler, context = async_handler
 

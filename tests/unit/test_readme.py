@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from hymt_serve.request import oip
 from hymt_serve.request.families import detect_profile
 from hymt_serve.request.protocol import parse_request
 from hymt_serve.request.settings import Settings
@@ -38,3 +39,18 @@ def test_every_readme_request_example_is_accepted_by_the_demo_server() -> None:
         family = DEMO_MODELS[model] or settings.prompt_family
         profile = detect_profile(settings.model_path, family)
         parse_request(body, settings, profile)  # raises InvalidRequest / PayloadTooLarge
+
+
+# A curl to a model's v2 inference endpoint (KServe's Open Inference Protocol), then its body.
+V2_CURL_BODY = re.compile(r"curl [^\n]*?/v2/models/([\w-]+)/infer[^']*?-d '(\{[^']*\})'", re.DOTALL)
+
+
+def test_every_readme_v2_example_is_accepted_by_the_demo_server() -> None:
+    found = V2_CURL_BODY.findall((REPO / "README.md").read_text())
+    assert found
+    settings = demo_settings()
+    profile = detect_profile(settings.model_path, settings.prompt_family)
+    for _, body in found:
+        fields, call = oip.unwrap(json.loads(body), {"Content-Type": "application/json"})
+        assert call is not None
+        parse_request(fields, settings, profile)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import http.cookiejar
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import requests
@@ -23,6 +23,7 @@ from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.web.compat import add_compat_routes
 from hymt_serve.web.deepl_documents import DocumentJobs, add_document_routes
 from hymt_serve.web.keys import ClientKeys
+from hymt_serve.web.oip_routes import add_oip_routes
 from hymt_serve.web.refine import Post, refine
 
 DEFAULT_MAX_CHARS = 4000
@@ -76,6 +77,7 @@ def create_app(
         add_compat_routes(app, _poster(server), model, client_keys, max_texts)
         jobs = DocumentJobs(_poster(server), model, client_keys)
         add_document_routes(app, jobs, client_keys)
+        add_oip_routes(app, server, model, client_keys, functools.partial(_relay_bytes, server))
 
     @app.get("/")
     def page() -> Any:
@@ -162,8 +164,27 @@ def _forward(server: Server, url: str, payload: dict[str, Any]) -> Any:
         upstream = _post_upstream(server, url, payload, streaming)
     except requests.RequestException:
         return jsonify(UNREACHABLE), 502
+    return _answer(upstream, streaming)
+
+
+def _relay_bytes(server: Server, url: str, data: bytes, headers: Mapping[str, str]) -> Response:
+    """POST ``data`` as it came (with ``headers``) to ``url`` with the inference key."""
+    try:
+        upstream = _session().post(
+            url,
+            data=data,
+            headers={**headers, **server.headers("inference")},
+            timeout=(5, 600),
+        )
+    except requests.RequestException:
+        return _response(UNREACHABLE, 502)
+    return _answer(upstream)
+
+
+def _answer(upstream: requests.Response, streaming: bool = False) -> Response:
+    """TorchServe's answer as a Flask response (its errors as ``{error, error_type}``)."""
     if not upstream.ok:
-        return jsonify(_error_body(upstream)), upstream.status_code
+        return _response(_error_body(upstream), upstream.status_code)
     if streaming:
         return Response(_relay(upstream), status=upstream.status_code, mimetype=NDJSON)
     return Response(
@@ -171,6 +192,12 @@ def _forward(server: Server, url: str, payload: dict[str, Any]) -> Any:
         status=upstream.status_code,
         content_type=upstream.headers.get("Content-Type") or JSON,
     )
+
+
+def _response(body: dict[str, Any], status: int) -> Response:
+    response = jsonify(body)
+    response.status_code = status
+    return response
 
 
 @functools.cache
