@@ -281,16 +281,23 @@ def start(
     return server, None
 
 
-def model_workers(server: Server, name: str, timeout: float = 10) -> list[dict[str, Any]]:
-    """Workers of model ``name`` from the describe API (status, pid, ...; [] if unknown yet)."""
+def describe_model(
+    server: Server, name: str, suffix: str = "", timeout: float = 10
+) -> list[dict[str, Any]]:
+    """TorchServe's describe API for model ``name`` (``suffix``: ``/all`` for every version,
+    ``?customized=true`` for the handler's own output); [] unless it answers 200. Raises
+    requests' errors, and ValueError for a body that is not JSON."""
     response = requests.get(
-        f"{server.management_url()}/models/{name}",
+        f"{server.management_url()}/models/{name}{suffix}",
         headers=server.headers("management"),
         timeout=timeout,
     )
-    if response.status_code != 200:
-        return []
-    described = response.json()
+    return list(response.json()) if response.status_code == 200 else []
+
+
+def model_workers(server: Server, name: str, timeout: float = 10) -> list[dict[str, Any]]:
+    """Workers of model ``name`` from the describe API (status, pid, ...; [] if unknown yet)."""
+    described = describe_model(server, name, timeout=timeout)
     return list(described[0].get("workers", [])) if described else []
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import requests
 from flask import Flask, Response, jsonify, request
 
-from hymt_serve.ops.launcher import Server
+from hymt_serve.ops.launcher import Server, describe_model
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.web.compat import add_compat_routes
 from hymt_serve.web.deepl_documents import DocumentJobs, add_document_routes
@@ -278,12 +278,7 @@ def _describe(server: Server, model: str) -> dict[str, Any]:
     """The handler's describe output (``{engine, model_family, settings}``) from the management
     API; {} when it cannot be read."""
     try:
-        described = requests.get(
-            f"{server.management_url()}/models/{model}?customized=true",
-            headers=server.headers("management"),
-            timeout=10,
-        ).json()
-        metadata = described[0]["customizedMetadata"]
+        metadata = describe_model(server, model, "?customized=true")[0]["customizedMetadata"]
         if isinstance(metadata, str):
             metadata = json.loads(metadata)
     except (OSError, ValueError, KeyError, IndexError, TypeError):  # requests' errors are OSErrors

@@ -27,7 +27,7 @@ import requests
 from flask import Flask, Response, jsonify, request
 
 from hymt_serve import __version__
-from hymt_serve.ops.launcher import Server, all_ready, model_status
+from hymt_serve.ops.launcher import Server, all_ready, describe_model, model_status
 from hymt_serve.request import oip
 from hymt_serve.request.errors import InvalidRequest, ServiceError
 from hymt_serve.request.protocol import decode_body
@@ -80,8 +80,9 @@ def add_oip_routes(app: Flask, server: Server, model: str, keys: ClientKeys, rel
             inputs=INPUTS,
             outputs=[
                 {"name": output, "datatype": OUTPUT_TYPES.get(output, "BYTES"), "shape": [-1]}
-                for output in (*oip.TEXT_OUTPUTS, *oip.DOCUMENT_OUTPUTS)
-            ],
+                for output in oip.TEXT_OUTPUTS
+            ]
+            + [{"name": "document", "datatype": "BYTES", "shape": [1]}],
         )
 
     @app.post("/v2/models/<name>/infer")
@@ -122,12 +123,7 @@ def _ready(server: Server, model: str) -> bool:
 def _versions(server: Server, model: str) -> list[str]:
     """The model's versions as TorchServe's describe API gives them ([] when unknown)."""
     try:
-        described = requests.get(
-            f"{server.management_url()}/models/{model}/all",
-            headers=server.headers("management"),
-            timeout=10,
-        ).json()
-        return [str(entry["modelVersion"]) for entry in described]
+        return [str(entry["modelVersion"]) for entry in describe_model(server, model, "/all")]
     except (requests.RequestException, ValueError, KeyError, TypeError):
         return []
 
