@@ -87,6 +87,12 @@ SPECS = (
          lambda r: _serving_rows(r, "p50_ms")),
     Spec("serving", "results.json", "GPU busy", "%", "higher", False,
          lambda r: _serving_rows(r, "gpu_util_pct")),
+    Spec("serving", "results.json", "front end CPU per request", "ms", "lower", False,
+         lambda r: _serving_rows(r, "frontend_cpu_ms")),
+    Spec("serving", "results.json", "worker CPU per request", "ms", "lower", False,
+         lambda r: _serving_rows(r, "worker_cpu_ms")),
+    Spec("serving", "results.json", "engine process CPU per request", "ms", "lower", False,
+         lambda r: _serving_rows(r, "engine_cpu_ms")),
     Spec("serving", "results.json", "cold start", "s", "lower", False,
          lambda r: _scalar(r.get("cold_start_s", {}).get("torchserve"), "torchserve")),
 )  # fmt: skip

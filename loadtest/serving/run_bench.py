@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from client import Job, run_closed_loop, send
+from cpu_split import CpuSnapshot, cpu_snapshot, per_request
 from flops import bf16_matmul_rate, flops_per_token, utilisation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,13 +181,19 @@ def measure_levels(
     duration: float,
     sampler: GpuSampler,
     processes: int = 1,
+    cpu: CpuSnapshot | None = None,
 ) -> list[dict[str, Any]]:
     """One row per user count, labelled with ``labels`` (system, mode, gpus); each row is also
-    printed as one JSON line (``report_from_logs`` rebuilds a report from those lines)."""
+    printed as one JSON line (``report_from_logs`` rebuilds a report from those lines). With
+    ``cpu``, each row says how much CPU time per request TorchServe's front end, its workers
+    and their engine processes spent (:mod:`cpu_split`)."""
     rows = []
     for count in users:
         start = time.monotonic()
+        before = cpu() if cpu is not None else None
         stats = run_closed_loop(make_job, count, duration, processes=processes)
+        if cpu is not None and before is not None:
+            stats.update(per_request(before, cpu(), stats["requests"]))
         stats.update(sampler.window(start, time.monotonic()), **labels, client_processes=processes)
         print(json.dumps(stats), flush=True)
         rows.append(stats)
@@ -260,8 +267,10 @@ def bench_torchserve(
         cold = wait_first_success(make_job(random.Random(0)), started)
         print(json.dumps({"cold_start": _cold_name(mode, gpus), "seconds": cold}), flush=True)
         labels = {"system": "torchserve", "mode": mode, "gpus": gpus}
+        pid = server.pid()
+        cpu = cpu_snapshot(pid) if pid is not None else None
         rows = measure_levels(
-            labels, make_job, args.users, args.duration, sampler, args.client_processes
+            labels, make_job, args.users, args.duration, sampler, args.client_processes, cpu
         )
         (work / f"describe-{mode}-{gpus}.json").write_text(describe(server))
         return rows, cold
@@ -343,6 +352,8 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
         "gpu_util_pct",
         "gpu_mem_gb",
     ]
+    if any("worker_cpu_ms" in r for r in result["rows"]):  # the path's CPU per request
+        columns += ["frontend_cpu_ms", "worker_cpu_ms", "engine_cpu_ms"]
     if any("machine" in r for r in result["rows"]):  # rows merged from several machines
         columns.append("machine")
     head = "| " + " | ".join(columns) + " |\n| --- |" + " ---: |" * (len(columns) - 1) + "\n"

@@ -65,6 +65,9 @@ def test_serving_benchmark_runs_both_systems(tmp_path: Path) -> None:
         assert row["errors"] == 0 and row["requests"] > 0, row
         assert row["client_processes"] == 2
         assert row["prompt_tokens_per_s"] > row["output_tokens_per_s"] > 0, row  # both counted
+        if row["system"] == "torchserve":  # the path's CPU per request, process by process
+            assert row["frontend_cpu_ms"] > 0 and row["worker_cpu_ms"] > 0, row
+            assert row["engine_cpu_ms"] > 0, row  # async mode: the engine's own process
     assert report["model_flops_per_token"] > 0
     assert (tmp_path / "out/serving.png").stat().st_size > 0
     assert "| torchserve |" in (tmp_path / "out/results.md").read_text()
