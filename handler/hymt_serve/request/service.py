@@ -336,7 +336,9 @@ class TranslationService:
         n_in = sum(len(row.prompt_ids) for row in rows)
         n_out = sum(result.output_tokens for result in results)
         self.recorder.generation(seconds=seconds, input_tokens=n_in, output_tokens=n_out)
-        logger.info(
+        # DEBUG: a line per request costs the worker as much as its metrics (the metrics
+        # carry the same counts).
+        logger.debug(
             "generated %d rows: %d prompt tokens, %d output tokens in %.3f s",
             len(rows),
             n_in,
