@@ -106,10 +106,10 @@ class TorchServeRecorder:
             spec.name: _registered(cache, spec, MetricTypes(spec.kind)) for spec in DECLARED
         }
         self._interval, self._clock = interval_s, clock
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._pending: dict[str, float] = {}  # counters: their sum; gauges: their last value
         self._last_flush = -math.inf
-        self._timer: threading.Timer | None = None
+        self._flusher: threading.Thread | None = None  # started with the first wait
 
     def _emit(self, name: str, value: float, *extra: str) -> None:
         self._metrics[name].add_or_update(value, [self._model, "Model", *extra])
@@ -117,26 +117,46 @@ class TorchServeRecorder:
     def _add(self, name: str, value: float, gauge: bool = False) -> None:
         """Update a counter (``value`` added) or a gauge (``value`` kept) without labels beyond
         the model's: at once after a quiet interval, else with the next flush."""
-        with self._lock:
+        with self._changed:
             self._pending[name] = value if gauge else self._pending.get(name, 0.0) + value
-            wait = self._last_flush + self._interval - self._clock()
-            if wait > 0 and self._timer is None:
-                self._timer = threading.Timer(wait, self.flush)
-                self._timer.daemon = True
-                self._timer.start()
-        if wait <= 0:
+            due = self._clock() >= self._last_flush + self._interval
+            if not due:
+                if self._flusher is None:
+                    self._flusher = threading.Thread(
+                        target=self._flush_when_due, name="hymt-metrics", daemon=True
+                    )
+                    self._flusher.start()
+                self._changed.notify()
+        if due:
             self.flush()
 
     def flush(self) -> None:
         """Send the counters and gauges updated since the last flush."""
-        with self._lock:
-            pending, self._pending = self._pending, {}
-            self._last_flush = self._clock()
-            if self._timer is not None:
-                self._timer.cancel()  # harmless when the timer is what called this
-                self._timer = None
+        with self._changed:
+            pending = self._take()
+        self._send(pending)
+
+    def _take(self) -> dict[str, float]:
+        pending, self._pending = self._pending, {}
+        self._last_flush = self._clock()
+        return pending
+
+    def _send(self, pending: dict[str, float]) -> None:
         for name, value in pending.items():
             self._emit(name, value)
+
+    def _flush_when_due(self) -> None:
+        """The flusher thread: whenever updates wait, send them once their interval is up."""
+        while True:
+            with self._changed:
+                while not self._pending:
+                    self._changed.wait()
+                wait = self._last_flush + self._interval - self._clock()
+                pending = self._take() if wait <= 0 else None
+            if pending is None:
+                time.sleep(wait)
+            else:
+                self._send(pending)
 
     def engine_info(self, info: dict[str, str]) -> None:
         """Expose the engine's choices (attention kernel, dtype, ...) as a constant gauge."""
