@@ -6,7 +6,8 @@ import pytest
 import requests
 from conftest import refused
 
-from hymt_serve.ops.launcher import Server, read_properties
+from hymt_serve.ops.launcher import Server
+from hymt_serve.ops.properties import read_properties
 
 pytestmark = pytest.mark.integration
 MODEL = "hunyuan-mt"

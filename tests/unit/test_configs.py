@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hymt_serve.ops.launcher import read_properties
+from hymt_serve.ops.properties import read_properties
 from hymt_serve.request.metrics import DECLARED
 from hymt_serve.request.settings import Settings
 

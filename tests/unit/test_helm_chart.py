@@ -22,7 +22,7 @@ import yaml
 from referencing import Registry, Resource
 
 from hymt_serve.ops.cli import build_parser
-from hymt_serve.ops.launcher import read_properties, render_config, write_properties
+from hymt_serve.ops.properties import read_properties, render_config, write_properties
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy/helm/hunyuan-mt"

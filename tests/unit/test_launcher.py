@@ -9,7 +9,8 @@ import pytest
 from hymt_serve.ops import launcher
 from hymt_serve.ops.archive import parse_override, render_model_config
 from hymt_serve.ops.cli import _model_names
-from hymt_serve.ops.launcher import Server, render_properties
+from hymt_serve.ops.launcher import Server
+from hymt_serve.ops.properties import render_properties
 
 
 def test_render_properties_resolves_relative_paths_and_applies_overrides(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/*
-config.properties as `hymt start` renders it (launcher.render_config + write_properties):
+config.properties as `hymt start` renders it (properties.render_config + write_properties):
 the file's key=value lines in order (a repeated key keeps its first place and its last value),
 overrides replacing values in place, new keys after them in key order, one header line.
 tests/unit/test_helm_chart.py compares this with hymt's own rendering.
