@@ -69,3 +69,18 @@ def test_the_dockerfile_is_lint_clean() -> None:
         [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_image_environment_check_copies_what_the_image_copies() -> None:
+    """docker/image-env/check.sh rebuilds the image's files on a GPU host: its copy list must
+    follow the Dockerfile's COPY instructions."""
+    copied: set[str] = set()
+    for keyword, arguments in instructions(DOCKERFILE.read_text()):
+        if keyword == "COPY":
+            copied |= {source.rstrip("/") for source in shlex.split(arguments)[:-1]}
+    script = (DOCKERFILE.parent / "image-env/check.sh").read_text()
+    listed = re.search(r'cp -r "\$repo"/\{([^}]*)\} "\$home/"', script)
+    assert listed, "check.sh's copy line"
+    assert set(listed.group(1).split(",")) == copied
+    done = subprocess.run(["bash", "-n", str(DOCKERFILE.parent / "image-env/check.sh")])
+    assert done.returncode == 0

@@ -9,7 +9,9 @@ The runner reuses the HF model's weight tensors (q/k/v and gate/up are fused in 
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ from hymt_serve.engine.prefill import PREFIX_TOKENS
 from hymt_serve.engine.quantized import Int4Parts
 from hymt_serve.engine.runner import STEP_HEADROOM, FastRunner
 from hymt_serve.engine.weights import ModelShape, extract_weights
+from hymt_serve.request.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +78,8 @@ def build_fast_runner(
     if rows < 1:
         raise UnsupportedModelError("not enough free device memory for a KV cache of one row")
     capturable = kernel_name(param.device, param.dtype) == TRITON_KERNEL
+    if capturable:
+        check_kernel_builds()
     graphs = capturable if use_cuda_graphs is None else use_cuda_graphs
     if graphs and not capturable:
         raise UnsupportedModelError("CUDA graphs need a bf16/fp16 model on CUDA with Triton")
@@ -95,6 +100,45 @@ def build_fast_runner(
     runner.timings["ready_s"] = time.perf_counter() - start
     logger.info("fast engine ready: %s", runner.describe())
     return runner
+
+
+NO_COMPILER = (
+    "the fast engine cannot start: Triton builds a C module for each kernel it compiles and "
+    "found no C compiler (CC is unset and neither gcc nor clang is on PATH). Install gcc and "
+    "the C library's headers (Debian: apt-get install gcc libc6-dev; docker/Dockerfile does), "
+    "or set engine: hf to serve without the fast engine (several times slower)"
+)
+BUILD_FAILED = (
+    "the fast engine cannot start: Triton's C module did not build with {compiler!r} (see the "
+    "compiler's output above). It needs the C library's headers (Debian: libc6-dev) and "
+    "Python's (python3-dev, in the python images already); or set engine: hf"
+)
+
+
+def check_kernel_builds(build: Callable[[], object] | None = None) -> None:
+    """Raise :class:`ConfigurationError` saying what to install where Triton cannot build the
+    C modules its kernels launch through.
+
+    Triton compiles one with the system's C compiler and Python's headers for its CUDA driver
+    and one for each kernel (or loads them from its cache, ~/.triton/cache); without a
+    compiler the fast engine would fail deep in its first compile with Triton's own message.
+    ``build`` replaces loading Triton's CUDA driver (which builds the first module).
+    """
+    try:
+        (build or _load_triton_driver)()
+    except RuntimeError as error:
+        if "C compiler" not in str(error):
+            raise
+        raise ConfigurationError(NO_COMPILER) from error
+    except subprocess.CalledProcessError as error:
+        command = error.cmd if isinstance(error.cmd, list | tuple) else [error.cmd]
+        raise ConfigurationError(BUILD_FAILED.format(compiler=str(command[0]))) from error
+
+
+def _load_triton_driver() -> None:
+    from triton.runtime.driver import driver
+
+    driver.active.utils  # noqa: B018  (built, or loaded from the cache, when first reached)
 
 
 def cache_rows(

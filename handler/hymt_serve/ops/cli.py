@@ -66,11 +66,20 @@ def _model_names(models: Sequence[str], load_models: str) -> list[str]:
     return [n for n in names if n not in ("all", "standalone")] or [DEFAULT_MODEL]
 
 
+def _stop_and_exit(workdir: Path) -> None:
+    from hymt_serve.ops.launcher import stop
+
+    stop(_server(workdir))
+    raise SystemExit(128 + signal.SIGTERM)
+
+
 def _cmd_start(args: argparse.Namespace) -> int:
     from hymt_serve.ops.launcher import LaunchError, stop, wait_ready
     from hymt_serve.ops.launcher import start as start_server
 
     overrides = dict(item.split("=", 1) for item in args.set)
+    if args.foreground:  # SIGTERM (docker stop) while the workers load: TorchServe stops too
+        signal.signal(signal.SIGTERM, lambda *_: _stop_and_exit(args.workdir))
     try:
         server, process = start_server(
             args.config,

@@ -275,6 +275,8 @@ def wait_ready(
             raise LaunchError(
                 f"loading {failing} failed {GIVE_UP_AFTER} times\n{log_excerpt(server)}"
             )
+        if refused := setting_refused(server):
+            raise LaunchError(f"a worker refused its settings: {refused}\n{log_excerpt(server)}")
         time.sleep(0.5)
     raise LaunchError(
         f"models {list(names)} not READY after {timeout:.0f} s\n{log_excerpt(server)}"
@@ -292,6 +294,20 @@ def load_failures(server: Server, name: str) -> int:
     marker = f"Load model failed: {name},"
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     return len({line for line in lines if marker in line})  # the log writes each line twice
+
+
+_REFUSED = re.compile(r"hymt_serve\.request\.errors\.ConfigurationError: (.*)")
+
+
+def setting_refused(server: Server) -> str | None:
+    """The handler's last ConfigurationError in the model log: a setting, or a missing
+    package or compiler, that no retry heals. In async mode TorchServe logs no "Load model
+    failed" and restarts the worker only minutes later, so this is what ends the wait there."""
+    path = server.log_dir / "model_log.log"
+    if not path.is_file():
+        return None
+    found = _REFUSED.findall(path.read_text(encoding="utf-8", errors="replace"))
+    return found[-1].strip() if found else None
 
 
 def all_ready(statuses: list[str]) -> bool:
