@@ -71,7 +71,13 @@ class HunyuanMTHandler:
         engine: Any
         if self.async_mode:  # the model runs in a child process, away from this one's GIL
             from hymt_serve.engine.process import EngineClient
+            from hymt_serve.request.async_guards import (
+                cheap_context_copies,
+                drop_entry_point_prints,
+            )
 
+            cheap_context_copies(context)  # TorchServe deep-copies it for every request
+            drop_entry_point_prints()  # and prints a debug line for every request
             engine = EngineClient(settings, properties.get("gpu_id"), settings.max_waiting_rows)
         else:  # the engine steps on this thread while a batch is handled
             engine = load_engine(settings, properties.get("gpu_id"))
