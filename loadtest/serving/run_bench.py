@@ -218,7 +218,8 @@ def bench_torchserve(
     gpus: int = 1,
     mode: str = "continuous",
 ) -> tuple[list[dict[str, Any]], float]:
-    """One worker per GPU (TorchServe assigns GPUs to workers round robin)."""
+    """One worker per GPU (TorchServe assigns GPUs to workers round robin), or K sharing its
+    engine process with ``+sharedK``."""
     from hymt_serve.ops.archive import build_archive
     from hymt_serve.ops.launcher import start, stop, wait_ready
 
@@ -229,7 +230,13 @@ def bench_torchserve(
     base, _, quantization = base.partition("-")
     if quantization:
         overrides["handler.quantization"] = quantization
-    overrides.update(MODE_EXTRAS[extra] for extra in extras)
+    for extra in extras:
+        if extra.startswith("shared"):  # sharedK: K workers per GPU feeding one engine each
+            per_gpu = int(extra.removeprefix("shared"))
+            overrides.update(minWorkers=gpus * per_gpu, maxWorkers=gpus * per_gpu)
+            overrides["handler.share_engine"] = True
+        else:
+            overrides[MODE_EXTRAS[extra][0]] = MODE_EXTRAS[extra][1]
     if base == "continuous":
         overrides.update({"asyncCommunication": True, "batchSize": 1})
         if args.tiny:
@@ -447,7 +454,8 @@ def main() -> None:
         help="TorchServe modes to run: continuous (the GPU profile), batch (TorchServe "
         "batching); a quantization after a dash serves the model quantized at load, e.g. "
         "continuous-fp8; +head quantizes its LM head too (continuous-fp8+head), +noprefix "
-        "turns the kept prompt prefixes off (continuous+noprefix)",
+        "turns the kept prompt prefixes off (continuous+noprefix), +sharedK runs K workers "
+        "per GPU that share its engine process (continuous+shared2)",
     )
     parser.add_argument(
         "--client-processes",

@@ -11,6 +11,10 @@ cross it as themselves (service errors pickle).
 The child exits when the pipe closes (the worker is gone). When the child dies, the texts it
 held fail with 500, new ones get 503 while a new child loads, and the worker carries on; only
 if the new child cannot start does the worker exit (TorchServe then starts a new worker).
+
+With ``share_engine: true`` the workers of one GPU share one engine process instead, over a
+Unix socket with the same messages (:mod:`hymt_serve.engine.shared`); when it dies, each
+worker connects again, and the first one starts a new engine.
 """
 
 from __future__ import annotations
@@ -109,6 +113,8 @@ class EngineClient:
     """The worker's side: token codec here, generation in the child. Offers what the service
     needs of an engine; every row goes through :meth:`submit`."""
 
+    _process: Any  # the child (multiprocessing.Process) or the shared engine (_SharedProcess)
+
     def __init__(self, settings: Settings, gpu_id: int | None, max_waiting: int) -> None:
         self.settings = settings
         self.codec = TokenCodec.load(settings)
@@ -123,7 +129,15 @@ class EngineClient:
         self._reader.start()
 
     def _spawn(self) -> None:
-        """Start the child and wait until its engine is ready; ConfigurationError if not."""
+        """Start the child (or, shared, connect to the GPU's engine process) and wait until
+        its engine is ready; ConfigurationError if not."""
+        if self.settings.share_engine:
+            from hymt_serve.engine.shared import connect
+
+            self._conn, ready = connect(*self._child_args, start_timeout=START_TIMEOUT_S)
+            self._process = _SharedProcess(int(ready.facts.get("pid", 0)))
+            self.available = True
+            return
         context = multiprocessing.get_context("spawn")
         self._conn, child_end = context.Pipe()
         self._process = context.Process(
@@ -189,6 +203,11 @@ class EngineClient:
     def close(self, timeout: float = 30.0) -> None:
         """Stop the child (tests and shutdown)."""
         self._closing = True
+        if self.settings.share_engine:  # the engine stays for the GPU's other workers
+            from hymt_serve.engine.shared import hang_up
+
+            hang_up(self._conn)
+            return
         self._conn.close()
         self._process.join(timeout)
         if self._process.is_alive():
@@ -254,7 +273,25 @@ class EngineClient:
         logger.info("engine process restarted (pid %s)", self._process.pid)
 
 
-Outbox = queue.SimpleQueue[Ready | Tokens | Done | Failed | Facts]
+@dataclass
+class _SharedProcess:
+    """The shared engine process, as far as one of its workers deals with it: it is not this
+    worker's to join or kill (it exits once no worker is connected)."""
+
+    pid: int
+    exitcode: int | None = None
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return False
+
+    def kill(self) -> None:
+        pass
+
+
+Outbox = queue.SimpleQueue[Ready | Tokens | Done | Failed | Facts | None]
 
 
 def serve_child(conn: Connection, settings: Settings, gpu_id: int | None, max_waiting: int) -> None:
@@ -273,8 +310,15 @@ def serve_child(conn: Connection, settings: Settings, gpu_id: int | None, max_wa
         conn.send(LoadFailed(f"{type(error).__name__}: {error}"))
         conn.close()
         return
+    serve_connection(conn, engine)
+    os._exit(0)  # the worker is gone: nothing left to serve
+
+
+def serve_connection(conn: Connection, engine: Any) -> None:
+    """Tell the worker at the other end of ``conn`` that the engine is ready, then serve its
+    messages until it closes the connection."""
     outbox: Outbox = queue.SimpleQueue()
-    conn.send(Ready(engine.describe()))
+    conn.send(Ready({**engine.describe(), "pid": os.getpid()}))
     sender = threading.Thread(target=_send_all, args=(conn, outbox), daemon=True)
     sender.start()
     while True:
@@ -292,7 +336,7 @@ def serve_child(conn: Connection, settings: Settings, gpu_id: int | None, max_wa
             outbox.put(Failed(message.job, as_service_error(error)))
             continue
         future.add_done_callback(partial(_reply, outbox, message.job))
-    os._exit(0)  # the worker is gone: nothing left to serve
+    outbox.put(None)  # ends the sender
 
 
 def _tokens(outbox: Outbox, job: int, ids: list[int]) -> None:
@@ -310,6 +354,8 @@ def _reply(outbox: Outbox, job: int, future: Future[GenerationResult]) -> None:
 def _send_all(conn: Connection, outbox: Outbox) -> None:
     while True:
         message = outbox.get()
+        if message is None:
+            return
         try:
             conn.send(message)
         except OSError:

@@ -352,8 +352,12 @@ def _running(pid: int) -> bool:
 
 
 def stop(server: Server, timeout: float = 60.0) -> bool:
-    """Stop the server of this work folder; True if one was running."""
+    """Stop the server of this work folder, then its shared engines (``share_engine``); True
+    if the server was running."""
+    from hymt_serve.engine.shared import stop_engines
+
     if server.pid() is None:
+        stop_engines(server.workdir / "tmp")
         return False
     subprocess.run(
         [*torchserve_command(), "--stop", "--foreground"],
@@ -365,4 +369,5 @@ def stop(server: Server, timeout: float = 60.0) -> bool:
         stderr=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,
     )
+    stop_engines(server.workdir / "tmp")
     return True

@@ -58,7 +58,7 @@ FLOAT_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "document_length_factor": (0.0, 100.0, True),
 }
 SAMPLING_FLOATS = ("temperature", "top_p", "repetition_penalty")
-FLAGS = ("quantize_lm_head",)
+FLAGS = ("quantize_lm_head", "share_engine")
 # The quantizations whose form the LM head can take (quantize_lm_head); an FP8 checkpoint
 # loads as fp8 with quantization "none".
 HEAD_QUANTIZATIONS = ("fp8", "int8")
@@ -92,6 +92,10 @@ class Settings:
     # Async mode only: texts that may wait for the engine beyond those it is generating;
     # more get 503 at once (TorchServe's job queue does not apply in async mode).
     max_waiting_rows: int = 1024
+    # Async mode only: the workers on one GPU share one engine process (one copy of the
+    # weights, one continuous batch) instead of each loading its own; for several workers
+    # per GPU, which spread TorchServe's per-request Python over cores.
+    share_engine: bool = False
     # Request fields of the families that support them (HY-MT1.5, Hy-MT2): glossary pairs per
     # request, characters per glossary term, characters of context, characters of a style or of
     # one preference.
