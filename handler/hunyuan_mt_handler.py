@@ -79,6 +79,11 @@ class HunyuanMTHandler:
             cheap_context_copies(context)  # TorchServe deep-copies it for every request
             drop_entry_point_prints()  # and prints a debug line for every request
             engine = EngineClient(settings, properties.get("gpu_id"), settings.max_waiting_rows)
+        elif settings.share_engine:
+            raise ConfigurationError(
+                "share_engine: true shares the async mode's engine process; set "
+                "asyncCommunication: true (and batchSize: 1), or leave share_engine false"
+            )
         else:  # the engine steps on this thread while a batch is handled
             engine = load_engine(settings, properties.get("gpu_id"))
         recorder = TorchServeRecorder(context.metrics, context.model_name)

@@ -102,3 +102,9 @@ def test_an_engine_that_cannot_load_fails_the_start_with_why(
         weights.write_bytes(b"not a safetensors file")
     with pytest.raises(ConfigurationError, match=r"the engine process failed to load: .+"):
         _worker(broken)
+
+
+def test_batch_mode_refuses_share_engine(tiny_model_dir: Path) -> None:
+    context = make_context({**settings(tiny_model_dir), "share_engine": True}, tiny_model_dir)
+    with pytest.raises(ConfigurationError, match="share_engine: true shares the async mode"):
+        HunyuanMTHandler().initialize(context)

@@ -95,22 +95,32 @@ def stop_engines(temp: Path, timeout: float = 10.0) -> int:
         except (OSError, ValueError):  # gone already, or a file being written
             continue
         stopped += 1
-        deadline = time.monotonic() + timeout
-        while _running(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _running(pid):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        terminate(pid, timeout, signalled=True)
         pid_file.unlink(missing_ok=True)
     return stopped
 
 
-def _running(pid: int) -> bool:
+def terminate(pid: int, timeout: float, *, signalled: bool = False) -> None:
+    """SIGTERM ``pid`` (unless ``signalled`` already), and SIGKILL it after ``timeout`` s."""
+    with contextlib.suppress(OSError):
+        if not signalled:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while running(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a child its parent has not waited for yet)."""
     try:
         os.kill(pid, 0)
-    except OSError:
+    except ProcessLookupError:
         return False
-    stat = Path(f"/proc/{pid}/stat")  # a zombie is not running
+    except PermissionError:  # it exists, under another user
+        return True
+    stat = Path(f"/proc/{pid}/stat")
     with contextlib.suppress(OSError):
         return stat.read_text().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
     return True

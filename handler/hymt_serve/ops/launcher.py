@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from typing import Any
 
 import requests
 
+from hymt_serve.engine.shared import stop_engines, terminate
 from hymt_serve.ops.properties import read_properties, render_config, write_properties
 
 KEY_FILE = "key_file.json"
@@ -332,30 +332,14 @@ def stop_web(server: Server, timeout: float = 10.0) -> bool:
     pid = server.web_pid()
     if pid is None:
         return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _running(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _running(pid):
-        os.kill(pid, signal.SIGKILL)
+    terminate(pid, timeout)
     server.web_pid_path.unlink(missing_ok=True)
     return True
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a child its parent has not waited for yet)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return not Path("/proc").is_dir() and alive(pid)
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def stop(server: Server, timeout: float = 60.0) -> bool:
     """Stop the server of this work folder, then its shared engines (``share_engine``); True
     if the server was running."""
-    from hymt_serve.engine.shared import stop_engines
-
     if server.pid() is None:
         stop_engines(server.workdir / "tmp")
         return False
