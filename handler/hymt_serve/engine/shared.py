@@ -112,14 +112,21 @@ def terminate(pid: int, timeout: float, *, signalled: bool = False) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def running(pid: int) -> bool:
-    """Alive and not a zombie (a child its parent has not waited for yet)."""
+def exists(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this host)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, under another user
         return True
+    return True
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a child its parent has not waited for yet)."""
+    if not exists(pid):
+        return False
     stat = Path(f"/proc/{pid}/stat")
     with contextlib.suppress(OSError):
         return stat.read_text().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")

@@ -24,6 +24,7 @@ from typing import Any
 
 import requests
 
+from hymt_serve.engine.shared import exists as alive
 from hymt_serve.engine.shared import stop_engines, terminate
 from hymt_serve.ops.properties import read_properties, render_config, write_properties
 
@@ -153,17 +154,6 @@ def _live_pid(path: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return pid if alive(pid) else None
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (on this host)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    return True
 
 
 def _is_web(pid: int) -> bool:

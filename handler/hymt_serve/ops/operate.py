@@ -12,10 +12,10 @@ from typing import Any
 
 import requests
 
+from hymt_serve.engine.shared import exists as alive
 from hymt_serve.ops.launcher import (
     LaunchError,
     Server,
-    alive,
     all_ready,
     log_excerpt,
     model_status,
