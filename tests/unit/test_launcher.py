@@ -8,9 +8,9 @@ import pytest
 
 from hymt_serve.ops import launcher
 from hymt_serve.ops.archive import parse_override, render_model_config
-from hymt_serve.ops.cli import _model_names
 from hymt_serve.ops.launcher import Server
 from hymt_serve.ops.properties import render_properties
+from hymt_serve.ops.server_cli import model_names as _model_names
 
 
 def test_render_properties_resolves_relative_paths_and_applies_overrides(tmp_path: Path) -> None:

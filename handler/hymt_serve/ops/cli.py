@@ -1,5 +1,7 @@
 """The ``hymt`` command: build the tiny model and the archive, start/stop/check TorchServe,
-print a token, translate from the command line.
+print a token, translate from the command line. This module parses the command line and builds
+models and archives; the subcommands that deal with a server are in
+:mod:`hymt_serve.ops.server_cli`.
 
 Every subcommand exits 0 on success and non-zero with a message on failure.
 """
@@ -7,15 +9,22 @@ Every subcommand exits 0 on success and non-zero with a message on failure.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-DEFAULT_MODEL = "hunyuan-mt"
+from hymt_serve.ops.server_cli import (
+    DEFAULT_MODEL,
+    cmd_drain,
+    cmd_health,
+    cmd_scale,
+    cmd_start,
+    cmd_stop,
+    cmd_token,
+    cmd_translate,
+    cmd_web,
+)
 
 
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
@@ -54,191 +63,6 @@ def _cmd_archive(args: argparse.Namespace) -> int:
         overrides=dict(parse_override(item) for item in args.set),
     )
     print(f"archive written to {path}")
-    return 0
-
-
-def _model_names(models: Sequence[str], load_models: str) -> list[str]:
-    entries = list(models) or [e for e in load_models.split(",") if e.strip()]
-    names = []
-    for entry in entries:
-        name = entry.split("=", 1)[0] if "=" in entry else Path(entry.strip()).name
-        names.append(name.removesuffix(".mar").removesuffix(".tar.gz"))
-    return [n for n in names if n not in ("all", "standalone")] or [DEFAULT_MODEL]
-
-
-def _stop_and_exit(workdir: Path) -> None:
-    from hymt_serve.ops.launcher import stop
-
-    stop(_server(workdir))
-    raise SystemExit(128 + signal.SIGTERM)
-
-
-def _cmd_start(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.launcher import LaunchError, stop, wait_ready
-    from hymt_serve.ops.launcher import start as start_server
-
-    overrides = dict(item.split("=", 1) for item in args.set)
-    if args.foreground:  # SIGTERM (docker stop) while the workers load: TorchServe stops too
-        signal.signal(signal.SIGTERM, lambda *_: _stop_and_exit(args.workdir))
-    try:
-        server, process = start_server(
-            args.config,
-            args.workdir,
-            model_store=args.model_store,
-            models=args.model,
-            overrides=overrides,
-            foreground=args.foreground,
-        )
-        names = _model_names(args.model, server.properties().get("load_models", ""))
-        wait_ready(server, names, args.timeout, process)
-    except LaunchError as error:
-        print(f"hymt start: {error}", file=sys.stderr)
-        stop(_server(args.workdir))
-        return 1
-    print(
-        f"TorchServe ready: {', '.join(names)} at {server.inference_url()} "
-        f"(keys in {server.workdir / 'key_file.json'}, logs in {server.log_dir})"
-    )
-    if process is None:
-        return 0
-    signal.signal(signal.SIGTERM, lambda *_: stop(server))
-    return process.wait()
-
-
-def _server(workdir: Path) -> Any:
-    from hymt_serve.ops.launcher import Server
-
-    return Server(workdir.resolve())
-
-
-def _cmd_stop(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.launcher import stop, stop_web
-
-    server = _server(args.workdir)
-    if stop_web(server):
-        print("web front end stopped")
-    stopped = stop(server)
-    print("TorchServe stopped" if stopped else f"no TorchServe running from {args.workdir}")
-    return 0
-
-
-def _cmd_health(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.operate import health, liveness
-
-    server = _server(args.workdir)
-    try:
-        check = liveness if args.liveness else health
-        problems = check(server, args.model, args.timeout)
-    except Exception as exc:  # any failure to ask is "unhealthy" for a health check
-        problems = [f"cannot ask the server: {type(exc).__name__}: {exc}"]
-    if problems:
-        print(f"unhealthy: {'; '.join(problems)}", file=sys.stderr)
-        return 1
-    print(f"healthy: {args.model} {'lives' if args.liveness else 'translates'}")
-    return 0
-
-
-def _cmd_drain(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.drain import drain
-
-    server = _server(args.workdir)
-    names = args.model or _model_names([], server.properties().get("load_models", ""))
-    return 0 if drain(server, names, endpoint_wait=args.endpoint_wait, timeout=args.timeout) else 1
-
-
-def _cmd_scale(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.launcher import LaunchError
-    from hymt_serve.ops.operate import ScaleRefused, check_scale, scale
-
-    server = _server(args.workdir)
-    max_workers = args.max_workers if args.max_workers is not None else args.workers
-    try:
-        check_scale(args.workers, max_workers, _worker_ceiling(server, args))
-        statuses = scale(server, args.model, args.workers, max_workers, args.timeout)
-    except LaunchError as error:
-        print(f"hymt scale: {error}", file=sys.stderr)
-        return 2 if isinstance(error, ScaleRefused) else 1
-    print(f"{args.model}: {len(statuses)} workers READY (at most {max_workers})")
-    return 0
-
-
-def _worker_ceiling(server: Any, args: argparse.Namespace) -> int:
-    """The GPUs present when the model runs on GPUs (one worker each), else the CPU ceiling."""
-    from hymt_serve.ops.launcher import model_workers
-
-    if not any(worker.get("gpu") for worker in model_workers(server, args.model)):
-        return int(args.max_cpu_workers)
-    import torch
-
-    return max(torch.cuda.device_count(), 1)
-
-
-def _cmd_token(args: argparse.Namespace) -> int:
-    server = _server(args.workdir)
-    if args.renew:
-        import requests
-
-        # TorchServe renews a key with the never-expiring "API" key and rewrites the key file.
-        response = requests.get(
-            f"{server.management_url()}/token",
-            params={"type": args.api},
-            headers=server.headers("API"),
-            timeout=30,
-        )
-        if not response.ok:
-            print(f"renewing the {args.api} key failed: {response.text}", file=sys.stderr)
-            return 1
-    key = server.keys().get(args.api)
-    if not key:
-        print(f"no {args.api} key in {args.workdir}/key_file.json", file=sys.stderr)
-        return 1
-    print(key)
-    return 0
-
-
-def _cmd_translate(args: argparse.Namespace) -> int:
-    import requests
-
-    server = _server(args.workdir)
-    body: dict[str, Any] = {"text": args.text, "target_lang": args.to}
-    if args.source:
-        body["source_lang"] = args.source
-    response = requests.post(
-        f"{server.inference_url()}/predictions/{args.model}",
-        json=body,
-        headers=server.headers("inference"),
-        timeout=300,
-    )
-    print(json.dumps(response.json(), ensure_ascii=False, indent=2))
-    return 0 if response.ok else 1
-
-
-def _cmd_web(args: argparse.Namespace) -> int:
-    from waitress import serve
-
-    from hymt_serve.request.errors import ConfigurationError
-    from hymt_serve.web.app import create_app
-    from hymt_serve.web.keys import KEYS_FILE, ClientKeys
-
-    server = _server(args.workdir)
-    server.workdir.mkdir(parents=True, exist_ok=True)
-    key_file = args.client_keys or server.workdir / KEYS_FILE
-    try:
-        client_keys = ClientKeys.open(key_file, args.character_limit)
-    except ConfigurationError as error:
-        print(f"hymt web: {error}", file=sys.stderr)
-        return 1
-    server.web_pid_path.write_text(f"{os.getpid()}\n")  # for hymt stop
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    print(f"translation page on http://{args.host}:{args.port}/ (TorchServe key stays here)")
-    print(f"LibreTranslate and DeepL compatible APIs there too, keys in {key_file}")
-    try:
-        app = create_app(
-            server, args.model, refine_model=args.refine_model, client_keys=client_keys
-        )
-        serve(app, host=args.host, port=args.port, threads=args.threads)
-    finally:
-        server.web_pid_path.unlink(missing_ok=True)
     return 0
 
 
@@ -312,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     start.add_argument("--timeout", type=float, default=300.0)
     start.add_argument("--foreground", action="store_true", help="stay attached (containers)")
-    start.set_defaults(func=_cmd_start)
+    start.set_defaults(func=cmd_start)
 
     scale_cmd = sub.add_parser(
         "scale", help="set the number of workers (checked), wait until they are READY"
@@ -331,15 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="ceiling for a model on CPUs, each worker holding a copy "
         "(default $HYMT_MAX_CPU_WORKERS or 4); on GPUs the ceiling is the GPUs present",
     )
-    scale_cmd.set_defaults(func=_cmd_scale)
+    scale_cmd.set_defaults(func=cmd_scale)
 
     for name, func, text in (
-        ("stop", _cmd_stop, "stop TorchServe and this work folder's web front end"),
-        ("health", _cmd_health, "exit 0 when the model translates now"),
-        ("drain", _cmd_drain, "fail health checks, then wait until every request is answered"),
-        ("token", _cmd_token, "print a token key"),
-        ("translate", _cmd_translate, "translate one text"),
-        ("web", _cmd_web, "serve the translation web page"),
+        ("stop", cmd_stop, "stop TorchServe and this work folder's web front end"),
+        ("health", cmd_health, "exit 0 when the model translates now"),
+        ("drain", cmd_drain, "fail health checks, then wait until every request is answered"),
+        ("token", cmd_token, "print a token key"),
+        ("translate", cmd_translate, "translate one text"),
+        ("web", cmd_web, "serve the translation web page"),
     ):
         command = sub.add_parser(name, help=text)
         command.add_argument("--workdir", type=Path, default=Path("run"))
