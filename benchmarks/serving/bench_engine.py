@@ -9,7 +9,10 @@ competes with the engine for the GIL. Per user count it reports requests/s, prom
 tokens/s, model FLOP utilisation (``loadtest/serving/flops.py``), latency, decode steps/s, rows
 per step, texts per prefill and the engine thread's host seconds per wall second in admitting
 (prefill), stepping and reading back.
-``--admit-wait-ms``/``--admit-rows`` sweep the admission policy. Writes ``engine.json`` and
+``--admit-wait-ms``/``--admit-rows`` sweep the admission policy between steps;
+``--mixed-tokens 256,0`` runs mixed steps (prompt chunks in the decode step, the
+``mixed_step_tokens`` setting) and prefills between steps side by side, alternating per level
+over one engine. Writes ``engine.json`` and
 ``engine.md`` to ``--out``. ``--profile-users N`` adds a profiled window at N users: the engine
 thread under cProfile (where its host time goes, ``profile_host.txt``) and the GPU under
 torch.profiler (kernel time per wall second and the top kernels, ``profile_gpu.txt``).
@@ -84,6 +87,7 @@ def build(args: argparse.Namespace) -> tuple[FastRunner, Any, float]:
         max_batch_size=args.slots,
         max_seq_len=args.max_seq_len,
         prefix_entries=args.prefix_entries,
+        mixed_tokens=max(args.mixed_tokens),
     )
     return fast, tokenizer, flops
 
@@ -247,6 +251,12 @@ def main() -> None:
         default=Settings.prefix_cache_entries,
         help="prompt prefixes kept for reuse (the prefix_cache_entries setting; 0: off)",
     )
+    parser.add_argument(
+        "--mixed-tokens",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[Settings.mixed_step_tokens],
+        help="prompt tokens per mixed step, one or more (0: prefills between steps)",
+    )
     parser.add_argument("--profile-users", type=int, default=0, help="0: no profiled window")
     parser.add_argument("--profile-s", type=float, default=3.0)
     args = parser.parse_args()
@@ -259,27 +269,36 @@ def main() -> None:
     rows = sentence_rows(tokenizer, args.cap, args.workload)
     rows = [r for r in rows if r.max_new_tokens < args.max_seq_len]
     rows = [r for r in rows if len(r.prompt_ids) + r.max_new_tokens <= args.max_seq_len]
-    batcher = ProfiledBatcher(
-        fast,
-        [STOP_ID],
-        lambda tokens, finish: GenerationResult("", tuple(tokens), finish),
-        max_seq_len=args.max_seq_len,
-        admit_rows=args.admit_rows,
-        admit_wait_s=args.admit_wait_ms / 1000,
-    )
-    batcher.start()
-    measure(batcher, rows, min(users), 2.0)  # warm-up: first prefill shapes, allocator
+
+    def scheduler(mixed: int) -> ProfiledBatcher:
+        fast.mixed_tokens = mixed
+        batcher = ProfiledBatcher(
+            fast,
+            [STOP_ID],
+            lambda tokens, finish: GenerationResult("", tuple(tokens), finish),
+            max_seq_len=args.max_seq_len,
+            admit_rows=args.admit_rows,
+            admit_wait_s=args.admit_wait_ms / 1000,
+        )
+        batcher.start()
+        measure(batcher, rows, min(users), 2.0)  # warm-up: first prefill shapes, allocator
+        return batcher
+
     results = []
     for count in users:
-        results.append(measure(batcher, rows, count, args.duration))
-        results[-1].update(utilisation(results[-1], flops, rate))
-        print(json.dumps(results[-1]), flush=True)
+        for mixed in args.mixed_tokens:
+            batcher = scheduler(mixed)
+            results.append({"mixed_tokens": mixed, **measure(batcher, rows, count, args.duration)})
+            results[-1].update(utilisation(results[-1], flops, rate))
+            print(json.dumps(results[-1]), flush=True)
+            batcher.close()
     args.out.mkdir(parents=True, exist_ok=True)
     profiled = None
     if args.profile_users:
+        batcher = scheduler(args.mixed_tokens[0])
         profiled = profile_window(batcher, rows, args.profile_users, args.profile_s, args.out)
         print(json.dumps({"profile": profiled}), flush=True)
-    batcher.close()
+        batcher.close()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.tiny else "CPU"
     report = {
         "device": device,
@@ -299,9 +318,9 @@ def main() -> None:
     table += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in results]
     (args.out / "engine.md").write_text(
         f"# Engine alone (scheduler + fast runner): {device}, {report['date']}\n\n"
-        f"workload {args.workload}, prefix entries {args.prefix_entries}, admit_rows "
-        f"{args.admit_rows}, admit_wait_ms "
-        f"{args.admit_wait_ms}, slots {args.slots}, "
+        f"workload {args.workload}, prefix entries {args.prefix_entries}, mixed_tokens "
+        f"{args.mixed_tokens} (0: prefills between steps, admit_rows "
+        f"{args.admit_rows}, admit_wait_ms {args.admit_wait_ms}), slots {args.slots}, "
         f"{len(rows)} texts, {args.duration:.0f} s per level. model_tflops: (prompt + output "
         f"tokens/s) x {flops / 1e9:.2f} GFLOP per token; mfu_pct: that over the bf16 matrix "
         f"rate measured here ({report['bf16_matmul_tflops']} TFLOP/s)\n\n" + "\n".join(table) + "\n"

@@ -38,6 +38,7 @@ MODEL = "hunyuan-mt"
 MODE_EXTRAS = {
     "head": ("handler.quantize_lm_head", True),
     "noprefix": ("handler.prefix_cache_entries", 0),
+    "nomix": ("handler.mixed_step_tokens", 0),
 }
 
 

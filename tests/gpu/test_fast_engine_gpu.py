@@ -96,6 +96,61 @@ def test_prefill_graphs_match_the_eager_prefill(fast: FastRunner) -> None:
         assert torch.equal(cached[slot, :, :length], runner.caches[0][5][slot, :, :length])
 
 
+def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+    return (ours.float() - theirs.float()).norm(dim=-1) / theirs.float().norm(dim=-1)
+
+
+def test_a_mixed_step_gives_the_decode_step_and_the_prefill(fast: FastRunner) -> None:
+    """Three rows decoding, and prompts riding in their step (through a mixed graph, then
+    eagerly): the decode rows' logits are the plain step's, the prompts' their prefill's.
+    Running the decode step twice is safe: it rewrites the same positions."""
+    runner = fast
+    assert runner.mixed_graphs, "mixed graphs were not captured"
+    joining = [PROMPTS[1], PROMPTS[3], PROMPTS[2]]
+    with torch.inference_mode():
+        runner.prefill(PROMPTS[:3], [0, 1, 2])
+        lengths = torch.tensor([len(p) for p in PROMPTS[:3]], device="cuda")
+        runner.add(
+            torch.tensor([5, 6, 7], device="cuda"), lengths, torch.arange(3, device="cuda"), 0
+        )
+        plain = runner.step()[:3].clone()
+        alone = runner.prefill(joining, [3, 4, 5]).clone()
+        step, logits = runner.mixed_step(joining, [3, 4, 5], [0, 0, 0], decode=True)
+        assert step is not None
+        graphed = (step[:3].clone(), logits.clone())
+        graphs, runner.mixed_graphs = runner.mixed_graphs, {}
+        try:
+            step, logits = runner.mixed_step(joining, [3, 4, 5], [0, 0, 0], decode=True)
+        finally:
+            runner.mixed_graphs = graphs
+        assert step is not None
+        eager = (step[:3].clone(), logits.clone())
+        runner.clear()
+    for decoded, prefilled in (graphed, eager):
+        assert (relative_error(decoded, plain) < 1e-2).all(), relative_error(decoded, plain)
+        assert (relative_error(prefilled, alone) < 1e-2).all(), relative_error(prefilled, alone)
+
+
+def test_a_prompt_in_chunks_beside_a_decode_step_gives_its_prefill(fast: FastRunner) -> None:
+    """A 200-token prompt in chunks of 64, 96 and the rest (each attending to the chunks
+    before it, read back from its slot), beside a running row: its prefill's logits."""
+    runner = fast
+    prompt = tuple(range(1000, 1200))
+    with torch.inference_mode():
+        whole = runner.prefill([prompt], [6]).clone()
+        runner.prefill([PROMPTS[0]], [0])
+        runner.add(torch.tensor([5], device="cuda"), torch.tensor([len(PROMPTS[0])], device="cuda"),
+                   torch.tensor([0], device="cuda"), 0)  # fmt: skip
+        done = 0
+        for end in (64, 160, len(prompt)):
+            _, logits = runner.mixed_step([prompt[:end]], [6], [done], decode=True)
+            runner.advance(runner.tokens[: runner.bucket].clone())
+            done = end
+        chunked = logits.clone()
+        runner.clear()
+    assert (relative_error(chunked, whole) < 1e-2).all(), relative_error(chunked, whole)
+
+
 def test_a_kept_prefix_gives_the_full_prefills_logits_through_the_graphs(
     model: PreTrainedModel,
 ) -> None:

@@ -205,6 +205,7 @@ def _pick_runner(
             int4=loaded.int4,
             quantize_head=settings.quantize_lm_head,
             prefix_entries=settings.prefix_cache_entries,
+            mixed_tokens=settings.mixed_step_tokens,
         )
     except UnsupportedModelError as error:
         if own:

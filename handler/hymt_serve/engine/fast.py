@@ -19,7 +19,7 @@ from torch import nn
 
 from hymt_serve.engine.attention import TRITON_KERNEL, kernel_name
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales
-from hymt_serve.engine.prefill import PREFIX_TOKENS
+from hymt_serve.engine.prefill import MIXED_BUCKETS, PREFIX_TOKENS
 from hymt_serve.engine.quantized import Int4Parts
 from hymt_serve.engine.runner import STEP_HEADROOM, FastRunner
 from hymt_serve.engine.weights import ModelShape, extract_weights
@@ -51,6 +51,7 @@ def build_fast_runner(
     int4: Int4Parts | None = None,
     quantize_head: bool = False,
     prefix_entries: int = 0,
+    mixed_tokens: int = MIXED_BUCKETS[-1],
 ) -> FastRunner:
     """A runner over ``model``'s weights; on CUDA compile and capture the steps' graphs.
 
@@ -63,6 +64,8 @@ def build_fast_runner(
     dequantized ones. ``quantize_head`` quantizes the LM head like the projections (fp8 or
     int8 only). ``prefix_entries`` prompt prefixes are kept for reuse (0: none; see
     :mod:`hymt_serve.engine.prefixes`); their memory comes out of the KV cache's share.
+    ``mixed_tokens`` prompt tokens may ride in each decode step (chunks of the prompts that
+    join; 0: rows join between steps, their prefill stalling the batch).
     Raises :class:`UnsupportedModelError` if the model cannot run here (or no row fits).
     """
     start = time.perf_counter()
@@ -94,6 +97,7 @@ def build_fast_runner(
             max_seq_len=max_seq_len,
             max_positions=int(getattr(config, "max_position_embeddings", 0)),
             prefix_entries=prefix_entries,
+            mixed_tokens=mixed_tokens,
         )
         if graphs:
             runner.capture(compile_=graphs if compile_model is None else compile_model)

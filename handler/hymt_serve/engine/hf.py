@@ -30,6 +30,7 @@ class HFRunner:
         self.max_batch_size = max_batch_size
         # Rows join an idle runner only: every waiting row that has a slot starts together.
         self.prefill_budget: int | None = None
+        self.mixed_tokens = 0  # transformers' cache takes prompts between steps only
         self.device: torch.device = next(model.parameters()).device
         self.vocab = int(model.config.vocab_size)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0))

@@ -29,6 +29,8 @@ class Job:
     on_tokens: OnTokens | None
     arrived: float = field(default_factory=time.monotonic)
     slot: int = -1
+    done: int = 0  # prompt tokens in its slot's cache (mixed steps prefill in chunks)
+    reused: int = 0  # of those, a kept prefix's
     joined: int = 0  # the scheduler's decode-step count when the row was prefilled
     sent: int = 0  # tokens already passed to ``on_tokens``
 

@@ -144,27 +144,88 @@ def _compiled(fn: Callable[..., Any], activations: int) -> Callable[..., Any]:
     return call
 
 
-def decode_forward(
+def forward_pass(
     weights: ModelWeights,
     shape: ModelShape,
     fns: StepFunctions,
     rope: tuple[Tensor, Tensor],
     caches: tuple[list[Tensor], list[Tensor]],
-    batch: tuple[Tensor, Tensor, Tensor],
+    decode: tuple[Tensor, Tensor, Tensor] | None = None,
+    packed: PackedPrompts | None = None,
 ) -> Tensor:
-    """One decode step; ``batch`` is (tokens, positions, slots), each ``[B]``; logits ``[B, V]``."""
-    tokens, positions, slots = batch
+    """One pass over the weights for decode rows and packed prompt tokens together.
+
+    ``decode`` is (tokens, positions, slots), each ``[B]``: one new token per running row.
+    ``packed`` holds prompt tokens end to end (whole prompts or chunks of them). Logits come
+    out for each decode row, then after each prompt's last packed token: ``[B + R, V]``.
+
+    The per-token work (norms, projections, RoPE, MLP) runs on all tokens at once through
+    the step functions (compiled when the decode step is: their batch dimension is dynamic),
+    so one read of the weights serves both kinds and no compute goes to padding between
+    prompts. Attention is per kind: decode rows through the flash-decoding kernel; prompt
+    tokens write their K/V into their slots, then read each prompt's keys back from its slot
+    (``packed.key_*``), so a prompt whose slot holds a reused prefix or earlier chunks packs
+    only the tokens after them. The last layer's MLP and the LM head run for the rows that
+    give logits only.
+    """
+    ids = _joined(decode[0] if decode else None, packed.ids if packed else None)
+    positions = _joined(decode[1] if decode else None, packed.positions if packed else None)
     cos, sin = rope[0][positions], rope[1][positions]
-    x = embed_tokens(tokens, weights)
+    mask = None
+    if packed is not None:
+        same = packed.sequence[:, None] == packed.key_sequence[None, :]
+        mask = same & (packed.key_positions[None, :] <= packed.positions[:, None])
+    x = embed_tokens(ids, weights)
     q, k, v, residual = fns.first(x, cos, sin, *weights.layers[0])
     for i in range(shape.layers):
-        attn = decode_attention(q, k, v, caches[0][i], caches[1][i], slots, positions, shape.scale)
+        attn = _attention(q, k, v, caches[0][i], caches[1][i], decode, packed, mask, shape.scale)
         if i + 1 == shape.layers:
             break
         q, k, v, residual = fns.middle(
             attn, residual, cos, sin, *weights.layers[i], *weights.layers[i + 1]
         )
+    if packed is not None:
+        rows = 0 if decode is None else decode[0].shape[0]
+        select = packed.last + rows
+        if rows:
+            select = torch.cat([torch.arange(rows, device=select.device), select])
+        attn, residual = attn[select], residual[select]
     return fns.last(attn, residual, weights.final_norm, *weights.head, *weights.layers[-1])
+
+
+def _joined(first: Tensor | None, second: Tensor | None) -> Tensor:
+    parts = [t for t in (first, second) if t is not None]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    decode: tuple[Tensor, Tensor, Tensor] | None,
+    packed: PackedPrompts | None,
+    mask: Tensor | None,
+    scale: float,
+) -> Tensor:
+    """One layer's attention for a :func:`forward_pass`: the decode rows come first."""
+    rows = 0 if decode is None else decode[0].shape[0]
+    step = None
+    if decode is not None:
+        _, positions, slots = decode
+        step = decode_attention(
+            q[:rows], k[:rows], v[:rows], k_cache, v_cache, slots, positions, scale
+        )
+    if packed is None:
+        assert step is not None
+        return step
+    assert mask is not None
+    k_cache[packed.token_slots, :, packed.positions] = k[rows:]
+    v_cache[packed.token_slots, :, packed.positions] = v[rows:]
+    keys = k_cache[packed.key_slots, :, packed.key_positions]
+    values = v_cache[packed.key_slots, :, packed.key_positions]
+    return _joined(step, packed_attention(q[rows:], keys, values, mask))
 
 
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
@@ -176,46 +237,3 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
     return out[0].transpose(0, 1)
-
-
-def prefill_forward(
-    weights: ModelWeights,
-    shape: ModelShape,
-    fns: StepFunctions,
-    rope: tuple[Tensor, Tensor],
-    caches: tuple[list[Tensor], list[Tensor]],
-    batch: PackedPrompts,
-) -> Tensor:
-    """Packed prompts -> logits after each prompt's last token ``[R, V]``.
-
-    The per-token work (norms, projections, RoPE, MLP) runs on the packed tokens through the
-    decode step's own functions (compiled when the decode step is: their batch dimension is
-    dynamic), so a layer is a handful of kernels and no compute goes to padding between
-    prompts. K/V go straight from the packed tokens into the slots' caches; attention then
-    reads each prompt's keys back from its slot (``batch.key_*``), so a prompt whose slot
-    holds a reused prefix packs only the tokens after it. The last layer's MLP and the LM
-    head run for the last tokens only.
-    """
-    cos, sin = rope[0][batch.positions], rope[1][batch.positions]
-    same = batch.sequence[:, None] == batch.key_sequence[None, :]
-    mask = same & (batch.key_positions[None, :] <= batch.positions[:, None])
-    x = embed_tokens(batch.ids, weights)
-    q, k, v, residual = fns.first(x, cos, sin, *weights.layers[0])
-    for i in range(shape.layers):
-        caches[0][i][batch.token_slots, :, batch.positions] = k
-        caches[1][i][batch.token_slots, :, batch.positions] = v
-        keys = caches[0][i][batch.key_slots, :, batch.key_positions]
-        values = caches[1][i][batch.key_slots, :, batch.key_positions]
-        attn = packed_attention(q, keys, values, mask)
-        if i + 1 == shape.layers:
-            break
-        q, k, v, residual = fns.middle(
-            attn, residual, cos, sin, *weights.layers[i], *weights.layers[i + 1]
-        )
-    return fns.last(
-        attn[batch.last],
-        residual[batch.last],
-        weights.final_norm,
-        *weights.head,
-        *weights.layers[-1],
-    )

@@ -1,7 +1,10 @@
 """The fast engine's prefill: prompts packed end to end into one forward (a CUDA graph per
 token bucket), each prompt's kept prefix copied into its slot instead of computed again
-(:mod:`hymt_serve.engine.prefixes`). A part of :class:`~hymt_serve.engine.runner.FastRunner`,
-which owns the cache and the decode steps.
+(:mod:`hymt_serve.engine.prefixes`); and *mixed steps*, where chunks of prompts ride in the
+running batch's decode step (one read of the weights for both; a graph per decode bucket and
+chunk bucket), so that admitting rows never stalls the batch and a long prompt prefills a
+chunk per step. A part of :class:`~hymt_serve.engine.runner.FastRunner`, which owns the cache
+and the decode steps.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ import torch
 from torch import Tensor
 
 from hymt_serve.engine.inputs import PackedPrompts, layout_size, packed_layout, pinned, to_device
-from hymt_serve.engine.model import StepFunctions, prefill_forward
+from hymt_serve.engine.model import StepFunctions, forward_pass
 from hymt_serve.engine.prefixes import PrefixCache, copy_positions
 from hymt_serve.engine.weights import ModelShape, ModelWeights
 
 PREFILL_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024)
 PREFILL_TOKENS = PREFILL_BUCKETS[-1]  # packed tokens per prefill call (a longer prompt alone)
 PREFIX_TOKENS = 256  # the longest prompt prefix kept for reuse
+# Prompt tokens that ride in a decode step, captured for every decode bucket; a mixed graph
+# takes MIXED_KEYS keys per token (chunks of a long prompt attend to all positions before).
+MIXED_BUCKETS = (32, 64, 128, 256)
+MIXED_KEYS = 4
 
 
 class PackedPrefill:
@@ -32,6 +39,10 @@ class PackedPrefill:
     caches: tuple[list[Tensor], list[Tensor]]
     kv: Tensor
     tokens: Tensor
+    positions: Tensor
+    slots: Tensor
+    bucket: int
+    mixed_tokens: int  # prompt tokens per mixed step (0: none, no mixed graphs)
     device: torch.device
     max_batch_size: int
     max_seq_len: int
@@ -41,6 +52,11 @@ class PackedPrefill:
     def setup_prefill(self, prefix_entries: int) -> None:
         """The prefill's buffers, and ``prefix_entries`` kept prefixes (none when 0)."""
         self.prefill_budget: int | None = PREFILL_TOKENS
+        # Mixed graphs, per (decode bucket, chunk bucket); their logits go to one buffer: the
+        # decode rows', then the chunks'.
+        self.mixed_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.mixed_logits: Tensor | None = None
+        self._moves: list[tuple[int, int, int]] = []  # kept prefixes to copy into slots
         # Prefill graphs: inputs go to one flat buffer (laid out per bucket, see packed_layout),
         # logits of up to max_batch_size prompts come out in one buffer shared by all buckets.
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -72,6 +88,7 @@ class PackedPrefill:
         Does not wait for the device (inputs go over with asynchronous copies). The logits of
         a single group may live in the prefill buffer: use them before the next prefill.
         """
+        self._copy_begun()
         starts = self._reuse_prefixes(prompts, slots)
         groups, start, tokens, keys = [], 0, 0, 0
         for end, (prompt, reused) in enumerate(zip(prompts, starts, strict=True)):
@@ -93,6 +110,79 @@ class PackedPrefill:
             )
         self._keep_prefixes(prompts, slots, starts)
         return logits
+
+    def begin(self, prompt: Sequence[int], slot: int) -> int:
+        """A mixed step's row starts: its slot gets the prompt's longest kept prefix (copied
+        before the next pass); returns how many tokens of the prompt the slot holds."""
+        if self.prefixes is None:
+            return 0
+        length, entry = self.prefixes.lookup(tuple(prompt))
+        if length:
+            self._moves.append((entry, slot, length))
+        return length
+
+    def finish(
+        self, prompts: Sequence[Sequence[int]], slots: Sequence[int], reused: Sequence[int]
+    ) -> None:
+        """Rows whose prompts the last pass completed: keep the prefixes worth keeping."""
+        self._keep_prefixes(prompts, slots, reused)
+
+    def mixed_step(
+        self,
+        prompts: Sequence[Sequence[int]],
+        slots: Sequence[int],
+        starts: Sequence[int],
+        *,
+        decode: bool,
+    ) -> tuple[Tensor | None, Tensor]:
+        """One pass: the batch's decode step (when ``decode``) and a chunk of each prompt.
+
+        Prompt ``i`` is computed from ``starts[i]`` (the tokens its slot holds) to its end
+        (give a prompt up to the chunk's end); its keys are every position before. Returns
+        the decode step's logits ``[bucket, V]`` (None without ``decode``) and the logits
+        after each chunk ``[R, V]``. Replays a mixed graph when one fits, else runs eagerly;
+        does not wait for the device. The logits may live in a graph's buffer: use them
+        before the next pass.
+        """
+        self._copy_begun()
+        bucket = self.bucket if decode else 0
+        if not bucket:
+            return None, self._prefill_group(prompts, slots, starts)
+        rows, keys = len(prompts), sum(len(p) for p in prompts)
+        tokens = keys - sum(starts)
+        chunk = next(
+            (
+                b
+                for b in MIXED_BUCKETS
+                if (bucket, b) in self.mixed_graphs
+                and b >= tokens
+                and MIXED_KEYS * b >= keys + (b > tokens)
+            ),
+            None,
+        )
+        if chunk is None:
+            layout = packed_layout(
+                prompts, slots, tokens=tokens, rows=rows, scratch_slot=self.scratch_slot,
+                starts=starts, keys=keys,
+            )  # fmt: skip
+            flat = to_device(layout, torch.int64, self.tokens.device)
+            logits = self._mixed_forward(bucket, PackedPrompts.view(flat, tokens, keys, rows))
+        else:
+            layout = packed_layout(
+                prompts, slots, tokens=chunk, rows=self._prefill_rows(chunk),
+                scratch_slot=self.scratch_slot, starts=starts, keys=MIXED_KEYS * chunk,
+            )  # fmt: skip
+            self.prefill_inputs[: len(layout)].copy_(pinned(layout, torch.int64), non_blocking=True)
+            self.mixed_graphs[bucket, chunk].replay()
+            assert self.mixed_logits is not None
+            logits = self.mixed_logits
+        return logits[:bucket], logits[bucket : bucket + rows]
+
+    def _copy_begun(self) -> None:
+        """Copy the kept prefixes that :meth:`begin` gave slots."""
+        if self._moves:
+            copy_positions(self.kept, self.kv, self._moves, self.device)
+            self._moves = []
 
     def _reuse_prefixes(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> list[int]:
         """Copy each prompt's longest kept prefix into its slot; how many tokens each got."""
@@ -151,13 +241,13 @@ class PackedPrefill:
     def _prefill_rows(self, bucket: int) -> int:
         return min(bucket, self.max_batch_size)
 
-    def _idle_prefill_inputs(self, bucket: int) -> PackedPrompts:
-        """The bucket's view of the prefill inputs (``bucket`` tokens, twice as many keys), set
-        to padding only (scratch slot)."""
-        rows = self._prefill_rows(bucket)
+    def _idle_prefill_inputs(self, bucket: int, keys_per_token: int = 2) -> PackedPrompts:
+        """The bucket's view of the prefill inputs (``bucket`` tokens, ``keys_per_token`` as
+        many keys), set to padding only (scratch slot)."""
+        rows, keys = self._prefill_rows(bucket), keys_per_token * bucket
         self.prefill_inputs.zero_()
-        flat = self.prefill_inputs[: layout_size(bucket, 2 * bucket, rows)]
-        view = PackedPrompts.view(flat, bucket, 2 * bucket, rows)
+        flat = self.prefill_inputs[: layout_size(bucket, keys, rows)]
+        view = PackedPrompts.view(flat, bucket, keys, rows)
         for slots in (view.token_slots, view.key_slots):
             slots.fill_(self.scratch_slot)
         for sequence in (view.sequence, view.key_sequence):
@@ -165,7 +255,14 @@ class PackedPrefill:
         return view
 
     def _prefill_forward(self, batch: PackedPrompts) -> Tensor:
-        return prefill_forward(self.weights, self.shape, self.fns, self.rope, self.caches, batch)
+        return forward_pass(self.weights, self.shape, self.fns, self.rope, self.caches, None, batch)
+
+    def _mixed_forward(self, bucket: int, batch: PackedPrompts) -> Tensor:
+        """The first ``bucket`` batch positions' decode step with ``batch``'s prompt tokens."""
+        decode = (self.tokens[:bucket], self.positions[:bucket], self.slots[:bucket])
+        return forward_pass(
+            self.weights, self.shape, self.fns, self.rope, self.caches, decode, batch
+        )
 
     def _capture_prefill(self) -> None:
         """One graph per prefill bucket (largest first, sharing one memory pool); the inputs
@@ -188,6 +285,30 @@ class PackedPrefill:
             graphs[bucket] = graph
         torch.cuda.synchronize()
         self.prefill_graphs = dict(sorted(graphs.items()))
+
+    def _capture_mixed(self, decode_buckets: Sequence[int]) -> None:
+        """One graph per (decode bucket, chunk bucket), sharing one memory pool; at warm-up
+        and capture the batch is empty and every token points at the scratch slot."""
+        chunk_rows = self._prefill_rows(MIXED_BUCKETS[-1])
+        self.mixed_logits = torch.zeros(
+            max(decode_buckets) + chunk_rows, self.shape.vocab, dtype=torch.float32,
+            device=self.tokens.device,
+        )  # fmt: skip
+        pairs = [(b, c) for b in reversed(decode_buckets) for c in reversed(MIXED_BUCKETS)]
+        with side_stream():
+            for bucket, chunk in pairs:
+                self._mixed_forward(bucket, self._idle_prefill_inputs(chunk, MIXED_KEYS))
+        pool = torch.cuda.graph_pool_handle()
+        graphs = {}
+        for bucket, chunk in pairs:
+            inputs = self._idle_prefill_inputs(chunk, MIXED_KEYS)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self._mixed_forward(bucket, inputs)
+                self.mixed_logits[: logits.shape[0]].copy_(logits)
+            graphs[bucket, chunk] = graph
+        torch.cuda.synchronize()
+        self.mixed_graphs = graphs
 
 
 @contextlib.contextmanager

@@ -7,7 +7,9 @@ positions point at a scratch slot (the last one) and are never read back.
 
 Prefills are captured too, one graph per packed-token bucket (``PREFILL_BUCKETS``): any mix of
 prompts that fits N tokens replays the N graph, so admitting rows costs the host one copy and
-one replay instead of hundreds of kernel launches. Longer prefills run eagerly.
+one replay instead of hundreds of kernel launches. Longer prefills run eagerly. So are mixed
+steps (a decode step with prompt chunks riding in it), one graph per decode bucket and chunk
+bucket (``MIXED_BUCKETS``).
 """
 
 from __future__ import annotations
@@ -15,18 +17,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from hymt_serve.engine.attention import kernel_name, num_splits
-from hymt_serve.engine.model import (
-    decode_forward,
-    make_step_functions,
-    rope_tables,
-)
-from hymt_serve.engine.prefill import PackedPrefill, side_stream
+from hymt_serve.engine.model import forward_pass, make_step_functions, rope_tables
+from hymt_serve.engine.prefill import MIXED_BUCKETS, PackedPrefill, side_stream
 from hymt_serve.engine.types import GenerationRow
 from hymt_serve.engine.weights import ModelShape, ModelWeights
 from hymt_serve.request.errors import PayloadTooLarge
@@ -48,6 +46,9 @@ class Runner(Protocol):
     device: torch.device
     # Prompt tokens admitted at once (a prefill stalls the running batch); None: no bound.
     prefill_budget: int | None
+    # Prompt tokens that may ride in one decode step (:class:`MixingRunner`); 0: none, rows
+    # join between steps through prefill().
+    mixed_tokens: int
 
     @property
     def vocab(self) -> int: ...
@@ -83,6 +84,30 @@ class Runner(Protocol):
         """JSON-ready facts (device, sizes, kernels, timings)."""
 
 
+@runtime_checkable
+class MixingRunner(Runner, Protocol):
+    """A runner whose decode steps can carry prompt chunks (the fast engine's)."""
+
+    def begin(self, prompt: Sequence[int], slot: int) -> int:
+        """The row starts in ``slot``: how many leading prompt tokens the slot holds already."""
+
+    def mixed_step(
+        self,
+        prompts: Sequence[Sequence[int]],
+        slots: Sequence[int],
+        starts: Sequence[int],
+        *,
+        decode: bool,
+    ) -> tuple[Tensor | None, Tensor]:
+        """The batch's decode step (when ``decode``) with each prompt computed from its start
+        to its end; the step's logits ``[B, V]`` (or None) and those after each prompt."""
+
+    def finish(
+        self, prompts: Sequence[Sequence[int]], slots: Sequence[int], reused: Sequence[int]
+    ) -> None:
+        """These rows' prompts are complete in their slots."""
+
+
 def bucket_sizes(max_batch_size: int) -> tuple[int, ...]:
     """Powers of two up to ``max_batch_size``, and ``max_batch_size`` itself."""
     sizes = {b for b in DEFAULT_BUCKETS if b < max_batch_size} | {max_batch_size}
@@ -106,6 +131,7 @@ class FastRunner(PackedPrefill):
         max_seq_len: int,
         max_positions: int,
         prefix_entries: int = 0,
+        mixed_tokens: int = MIXED_BUCKETS[-1],
     ) -> None:
         self.weights, self.shape = weights, shape
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
@@ -131,6 +157,7 @@ class FastRunner(PackedPrefill):
         self.fns = make_step_functions(shape, compile_=False)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.setup_prefill(prefix_entries)
+        self.mixed_tokens = mixed_tokens
         self.compiled = False
         self.timings: dict[str, float] = {}
 
@@ -229,6 +256,8 @@ class FastRunner(PackedPrefill):
             "max_batch_size": self.max_batch_size,
             "max_seq_len": self.max_seq_len,
             "kv_cache_gb": round(self.kv_cache_bytes / 1e9, 3),
+            "mixed_tokens": self.mixed_tokens,
+            "mixed_graphs": len(self.mixed_graphs),
             **self.weights.describe(),
             **(self.prefixes.describe() if self.prefixes is not None else {"prefix_entries": 0}),
             **{k: round(v, 2) for k, v in self.timings.items()},
@@ -236,7 +265,7 @@ class FastRunner(PackedPrefill):
 
     def _forward(self, bucket: int) -> Tensor:
         batch = (self.tokens[:bucket], self.positions[:bucket], self.slots[:bucket])
-        return decode_forward(self.weights, self.shape, self.fns, self.rope, self.caches, batch)
+        return forward_pass(self.weights, self.shape, self.fns, self.rope, self.caches, batch)
 
     def capture(self, compile_: bool) -> None:
         """Compile (optionally) and capture one CUDA graph per bucket, largest first."""
@@ -268,10 +297,20 @@ class FastRunner(PackedPrefill):
             logger.exception("fast engine: prefill capture failed, prefills run eagerly")
             self.prefill_graphs = {}
         self.timings["prefill_capture_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        if self.mixed_tokens:
+            try:
+                self._capture_mixed(self.buckets)
+            except Exception:  # eager mixed steps cost speed, not service
+                logger.exception("fast engine: mixed-step capture failed, they run eagerly")
+                self.mixed_graphs = {}
+        self.timings["mixed_capture_s"] = time.perf_counter() - start
         logger.info(
-            "fast engine: graphs for decode buckets %s and prefill buckets %s, timings %s",
+            "fast engine: graphs for decode buckets %s, prefill buckets %s and %d mixed "
+            "steps, timings %s",
             self.buckets,
             tuple(self.prefill_graphs),
+            len(self.mixed_graphs),
             self.timings,
         )
 

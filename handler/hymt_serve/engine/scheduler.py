@@ -1,8 +1,12 @@
 """The one scheduler: admission, decode steps and finishing, for every way the engine is used.
 
 Rows arrive through :meth:`Scheduler.submit` (thread-safe) and leave through their futures.
-:meth:`Scheduler.step` is one round: take arrivals, collect a read-back, admit waiting rows
-(prefill into free cache slots, first token sampled), run one decode step. Who calls it:
+:meth:`Scheduler.step` is one round: take arrivals, collect a read-back, admit waiting rows,
+run one decode step. With the fast engine (a :class:`MixingRunner`) admitting is part of the
+step: chunks of the new rows' prompts ride in the decode step's pass, within a token budget,
+decode first (rows part-way through a long prompt go on, then waiting rows take free slots);
+a row joins the batch when its prompt is complete. Otherwise waiting rows are prefilled
+between steps, gathered first since the prefill stalls the batch. Who calls it:
 
 - offline and TorchServe batch mode: the caller submits its rows, then :meth:`Scheduler.run`
   steps on its own thread until their futures are done;
@@ -21,7 +25,6 @@ touched (as :func:`~hymt_serve.request.errors.as_service_error` says); the sched
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import threading
 import time
@@ -33,9 +36,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hymt_serve.engine.admission import Admission
 from hymt_serve.engine.inputs import to_device
 from hymt_serve.engine.jobs import Job, Readback, WaitingLine
-from hymt_serve.engine.runner import STEP_HEADROOM, Runner
+from hymt_serve.engine.runner import STEP_HEADROOM, MixingRunner, Runner
 from hymt_serve.engine.slots import SlotState
 from hymt_serve.engine.types import (
     FinishReason,
@@ -44,7 +48,7 @@ from hymt_serve.engine.types import (
     OnTokens,
     cut_at_stop,
 )
-from hymt_serve.request.errors import InvalidRequest, as_service_error
+from hymt_serve.request.errors import InvalidRequest
 
 logger = logging.getLogger(__name__)
 
@@ -61,14 +65,15 @@ ADMIT_WAIT_S = 0.02
 # and collecting read-backs.
 COUNTERS = (
     *("submitted", "rejected", "finished", "failed", "steps", "row_steps", "prefills"),
-    *("prefill_rows", "readbacks", "readback_waits", "admit_s", "prefill_s", "step_s", "sync_s"),
+    *("prefill_rows", "prefill_tokens", "mixed_steps", "readbacks", "readback_waits"),
+    *("admit_s", "prefill_s", "step_s", "sync_s"),
 )
 
 
 ResultOf = Callable[[list[int], FinishReason], GenerationResult]
 
 
-class Scheduler:
+class Scheduler(Admission):
     """Admission, steps and finishing over one runner's cache slots."""
 
     def __init__(
@@ -94,6 +99,8 @@ class Scheduler:
         self.stats: dict[str, float] = dict.fromkeys(COUNTERS, 0)
         self._waiting = WaitingLine(max_waiting, self.stats)
         self._running: list[Job] = []
+        self._prefilling: list[Job] = []  # rows with a slot, part of their prompt computed
+        self._mixer = runner if isinstance(runner, MixingRunner) and runner.mixed_tokens else None
         self._readback: Readback | None = None
         self._decoded = 0  # decode steps run so far (a running job has 1 + this - joined tokens)
         self._since_sync = 0
@@ -147,6 +154,8 @@ class Scheduler:
             "waiting": self._waiting.pending,
             "max_waiting": self._waiting.max_waiting,
             "mean_running_rows": round(self.stats["row_steps"] / steps, 2) if steps else 0.0,
+            "prefilling": len(self._prefilling),
+            "mixed_tokens": self._mixer.mixed_tokens if self._mixer is not None else 0,
             "admit_rows": self._admit_rows,
             "admit_wait_ms": round(self._admit_wait_s * 1000, 1),
             "sync_every": SYNC_EVERY,
@@ -159,21 +168,26 @@ class Scheduler:
         """Take arrivals (waiting up to a moment for one when ``block`` and idle), collect a
         read-back, admit, decode one step. Returns whether rows still run or wait (rows that
         finishing rows' callbacks submitted meanwhile included)."""
-        self._waiting.take(block=block and not self._running and not self._waiting)
+        idle = not (self._running or self._waiting or self._prefilling)
+        self._waiting.take(block=block and idle)
         try:
             if self._readback is not None:
                 self._collect()
-            if self._waiting and self._free and self._admit_now():
+            if self._mixer is None and self._waiting and self._free and self._admit_now():
                 started = time.perf_counter()
                 self._admit()
                 self.stats["admit_s"] += time.perf_counter() - started
-            if self._running and self._all_due > 0:
+            decode = bool(self._running) and self._all_due > 0
+            chunks = self._plan(self._mixer) if self._mixer is not None else []
+            if chunks:
+                self._mixed(chunks, decode)
+            elif decode:
                 self._decode()
-            elif self._running and self._readback is None:  # all at their length: collect
-                self._start_readback()
+            if self._running and self._all_due <= 0 and self._readback is None:
+                self._start_readback()  # all at their length: collect
         except Exception as error:  # the running rows fail, the scheduler goes on
             self._reset(error)
-        return bool(self._running or self._waiting.pending)
+        return bool(self._running or self._prefilling or self._waiting.pending)
 
     def _serve(self) -> None:
         if self._device.type == "cuda":
@@ -190,80 +204,6 @@ class Scheduler:
                 self._reset(stopped, log=False)
                 self._fail(self._waiting.drain(), stopped, log=False)
 
-    def _admit_now(self) -> bool:
-        return self._runner.can_admit(len(self._running)) and (
-            not self._running
-            or len(self._waiting) >= min(self._admit_rows, len(self._free))
-            or time.monotonic() - self._waiting.first_arrival() >= self._admit_wait_s
-        )
-
-    def _admit(self) -> None:
-        """Prefill waiting rows into free slots and add them to the running batch."""
-        packed, count, budget = 0, 0, self._runner.prefill_budget
-        for job in itertools.islice(self._waiting, len(self._free)):
-            packed += len(job.row.prompt_ids)
-            if count and budget is not None and packed > budget:
-                break
-            count += 1
-        jobs = self._waiting.pop(count)
-        if not jobs:
-            return
-        for job in jobs:
-            job.slot = self._free.pop()
-        try:
-            tokens = self._prefill(jobs)
-        except Exception:  # no other slot was written; retry alone, to fail only the culprits
-            jobs, tokens = self._prefill_one_by_one(jobs)
-            if not jobs:
-                return
-        try:
-            self._runner.add(
-                tokens,
-                to_device([len(job.row.prompt_ids) for job in jobs], torch.int64, self._device),
-                to_device([job.slot for job in jobs], torch.int64, self._device),
-                len(self._running),
-            )
-        except Exception as error:  # these rows fail here; the running ones in step()
-            self._free.extend(job.slot for job in jobs)
-            self._fail(jobs, error)
-            raise
-        self._running.extend(jobs)
-        self._membership_changed()
-        self.stats["prefills"] += 1
-        self.stats["prefill_rows"] += len(jobs)
-
-    def _prefill_one_by_one(self, jobs: Sequence[Job]) -> tuple[list[Job], Tensor]:
-        """Prefill ``jobs`` alone each; a row whose prefill fails fails alone. A runner that
-        takes one prefill per batch (transformers') admits the first that succeeds; the rest
-        wait again, in order."""
-        admitted: list[Job] = []
-        tokens: list[Tensor] = []
-        for position, job in enumerate(jobs):
-            if admitted and not self._runner.can_admit(len(self._running) + len(admitted)):
-                self._free.extend(job.slot for job in jobs[position:])
-                self._waiting.put_back(jobs[position:])
-                break
-            try:
-                tokens.append(self._prefill([job]))
-                admitted.append(job)
-            except Exception as error:
-                self._free.append(job.slot)
-                self._fail([job], error)
-        return admitted, torch.cat(tokens) if tokens else torch.empty(0)
-
-    def _prefill(self, jobs: Sequence[Job]) -> Tensor:
-        rows = [job.row for job in jobs]
-        if self._before_prefill is not None:
-            self._before_prefill(rows)
-        slots = [job.slot for job in jobs]
-        started = time.perf_counter()
-        logits = self._runner.prefill([row.prompt_ids for row in rows], slots)
-        self.stats["prefill_s"] += time.perf_counter() - started
-        tokens = self._state.start(slots, rows, logits)
-        for job in jobs:
-            job.joined = self._decoded
-        return tokens
-
     def _membership_changed(self) -> None:
         self._state.set_batch([job.slot for job in self._running], self._runner.batch_slots())
         self._set_length_due()
@@ -278,7 +218,12 @@ class Scheduler:
 
     def _decode(self) -> None:
         started = time.perf_counter()
-        tokens = self._state.record(self._runner.step())
+        self._stepped(self._runner.step())
+        self.stats["step_s"] += time.perf_counter() - started
+
+    def _stepped(self, logits: Tensor) -> None:
+        """Sample and record a decode step's tokens and feed them to the next step."""
+        tokens = self._state.record(logits)
         self._runner.advance(tokens)
         self._decoded += 1
         self._length_due -= 1
@@ -290,7 +235,6 @@ class Scheduler:
             self._readback.steps_after += 1
         elif self._length_due <= 0 or self._since_sync >= SYNC_EVERY:
             self._start_readback()
-        self.stats["step_s"] += time.perf_counter() - started
 
     def _start_readback(self) -> None:
         """Queue copies of the running rows' progress to the host, behind the queued steps."""
@@ -362,22 +306,10 @@ class Scheduler:
                 job.future.set_result(self._result(visible, finish))
 
     def _reset(self, error: BaseException, *, log: bool = True) -> None:
-        """Fail every running row and empty the batch."""
-        jobs, self._running = self._running, []
+        """Fail every running row and every row part-way through its prompt; empty the batch."""
+        jobs, self._running = self._running + self._prefilling, []
+        self._prefilling = []
         self._readback = None
         self._free.extend(job.slot for job in jobs)
         self._runner.clear()
         self._fail(jobs, error, log=log)
-
-    def _fail(self, jobs: Sequence[Job], error: BaseException, *, log: bool = True) -> None:
-        if not jobs:
-            return
-        mapped = as_service_error(error, rows=len(jobs))
-        if log:
-            logger.warning("%d rows failed: %s", len(jobs), mapped.error_type)
-        if isinstance(error, torch.OutOfMemoryError):
-            torch.cuda.empty_cache()
-        self.stats["failed"] += len(jobs)  # the stepping thread's counter (no lock needed)
-        for job in jobs:
-            with contextlib.suppress(InvalidStateError):
-                job.future.set_exception(mapped)

@@ -36,6 +36,7 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "max_chars_per_text": (1, 1_000_000),
     "max_batch_rows": (1, 4_096),
     "prefix_cache_entries": (0, 1_024),
+    "mixed_step_tokens": (0, 4_096),
     "max_waiting_rows": (1, 1_000_000),
     "max_glossary_terms": (0, 10_000),
     "max_term_chars": (1, 10_000),
@@ -89,6 +90,9 @@ class Settings:
     # document's context) whose K/V are kept and reused instead of computed again, up to 256
     # tokens each (33 MB each for the 7B, taken from the KV cache's share); 0 turns it off.
     prefix_cache_entries: int = 64
+    # Fast engine: prompt tokens that ride in each decode step (new rows' prompts, in chunks),
+    # so that admitting rows never stalls the running batch; 0: rows join between steps.
+    mixed_step_tokens: int = 256
     # Async mode only: texts that may wait for the engine beyond those it is generating;
     # more get 503 at once (TorchServe's job queue does not apply in async mode).
     max_waiting_rows: int = 1024
