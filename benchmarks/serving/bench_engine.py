@@ -12,10 +12,10 @@ per step, texts per prefill and the engine thread's host seconds per wall second
 ``--admit-wait-ms``/``--admit-rows`` sweep the admission policy between steps;
 ``--mixed-tokens 256,0`` runs mixed steps (prompt chunks in the decode step, the
 ``mixed_step_tokens`` setting) and prefills between steps side by side, alternating per level
-over one engine. Writes ``engine.json`` and
-``engine.md`` to ``--out``. ``--profile-users N`` adds a profiled window at N users: the engine
-thread under cProfile (where its host time goes, ``profile_host.txt``) and the GPU under
-torch.profiler (kernel time per wall second and the top kernels, ``profile_gpu.txt``).
+over one engine. Writes ``engine.json`` and ``engine.md`` to ``--out``. ``--profile-users N``
+adds a profiled window at N users per ``--mixed-tokens`` value (in ``profile-mixed-M/``):
+the engine thread under cProfile (where its host time goes, ``profile_host.txt``) and the GPU
+under torch.profiler (kernel time per wall second and the top kernels, ``profile_gpu.txt``).
 
     PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tokenizer TOKDIR --out DIR
     PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tiny --out DIR
@@ -141,14 +141,14 @@ class ProfiledBatcher(Scheduler):
         self.profile: cProfile.Profile | None = None
         self.profile_done = threading.Event()
 
-    def _decode(self) -> None:
+    def step(self, *, block: bool = False) -> bool:
         if self.want_profile and self.profile is None:
             self.profile = cProfile.Profile()
             self.profile.enable()
         elif not self.want_profile and self.profile is not None and not self.profile_done.is_set():
             self.profile.disable()
             self.profile_done.set()
-        super()._decode()
+        return super().step(block=block)
 
 
 def profile_window(
@@ -293,11 +293,14 @@ def main() -> None:
             print(json.dumps(results[-1]), flush=True)
             batcher.close()
     args.out.mkdir(parents=True, exist_ok=True)
-    profiled = None
-    if args.profile_users:
-        batcher = scheduler(args.mixed_tokens[0])
-        profiled = profile_window(batcher, rows, args.profile_users, args.profile_s, args.out)
-        print(json.dumps({"profile": profiled}), flush=True)
+    profiled = []
+    for mixed in args.mixed_tokens if args.profile_users else []:
+        batcher = scheduler(mixed)
+        folder = args.out / f"profile-mixed-{mixed}"
+        folder.mkdir(exist_ok=True)
+        window = profile_window(batcher, rows, args.profile_users, args.profile_s, folder)
+        profiled.append({"mixed_tokens": mixed, **window})
+        print(json.dumps({"profile": profiled[-1]}), flush=True)
         batcher.close()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.tiny else "CPU"
     report = {

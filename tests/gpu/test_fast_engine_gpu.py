@@ -100,19 +100,32 @@ def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
     return (ours.float() - theirs.float()).norm(dim=-1) / theirs.float().norm(dim=-1)
 
 
-def test_a_mixed_step_gives_the_decode_step_and_the_prefill(fast: FastRunner) -> None:
+def assert_as_close(ours: torch.Tensor, plain: torch.Tensor, reference: torch.Tensor) -> None:
+    """``ours`` (through mixed steps) as close to transformers' logits as ``plain`` (the same
+    rows through a plain step or prefill). In bf16 the passes differ in batch shape, so in
+    rounding, which this random model amplifies (a few per cent between the two); a wrong
+    position or key is off by ~100 %. The bound is the kept-prefix test's."""
+    ours_error, plain_error = relative_error(ours, reference), relative_error(plain, reference)
+    print("mixed vs transformers", ours_error.tolist(), "plain", plain_error.tolist())
+    assert (ours_error <= 1.5 * plain_error + 0.02).all(), (ours_error, plain_error)
+
+
+def test_a_mixed_step_gives_the_decode_step_and_the_prefill(
+    model: PreTrainedModel, fast: FastRunner
+) -> None:
     """Three rows decoding, and prompts riding in their step (through a mixed graph, then
-    eagerly): the decode rows' logits are the plain step's, the prompts' their prefill's.
-    Running the decode step twice is safe: it rewrites the same positions."""
+    eagerly): the decode rows' logits as close to transformers' as the plain step's, the
+    prompts' as their prefill's. Running the decode step twice is safe: it rewrites the
+    same positions."""
     runner = fast
     assert runner.mixed_graphs, "mixed graphs were not captured"
     joining = [PROMPTS[1], PROMPTS[3], PROMPTS[2]]
+    fed = (5, 6, 7)
     with torch.inference_mode():
         runner.prefill(PROMPTS[:3], [0, 1, 2])
         lengths = torch.tensor([len(p) for p in PROMPTS[:3]], device="cuda")
-        runner.add(
-            torch.tensor([5, 6, 7], device="cuda"), lengths, torch.arange(3, device="cuda"), 0
-        )
+        tokens, slots = torch.tensor(fed, device="cuda"), torch.arange(3, device="cuda")
+        runner.add(tokens, lengths, slots, 0)
         plain = runner.step()[:3].clone()
         alone = runner.prefill(joining, [3, 4, 5]).clone()
         step, logits = runner.mixed_step(joining, [3, 4, 5], [0, 0, 0], decode=True)
@@ -126,14 +139,21 @@ def test_a_mixed_step_gives_the_decode_step_and_the_prefill(fast: FastRunner) ->
         assert step is not None
         eager = (step[:3].clone(), logits.clone())
         runner.clear()
+    decoded_reference = torch.stack(
+        [hf_logits(model, [*p, t])[-1] for p, t in zip(PROMPTS[:3], fed, strict=True)]
+    )
+    prefill_reference = torch.stack([hf_logits(model, list(p))[-1] for p in joining])
     for decoded, prefilled in (graphed, eager):
-        assert (relative_error(decoded, plain) < 1e-2).all(), relative_error(decoded, plain)
-        assert (relative_error(prefilled, alone) < 1e-2).all(), relative_error(prefilled, alone)
+        assert_as_close(decoded, plain, decoded_reference)
+        assert_as_close(prefilled, alone, prefill_reference)
 
 
-def test_a_prompt_in_chunks_beside_a_decode_step_gives_its_prefill(fast: FastRunner) -> None:
+def test_a_prompt_in_chunks_beside_a_decode_step_gives_its_prefill(
+    model: PreTrainedModel, fast: FastRunner
+) -> None:
     """A 200-token prompt in chunks of 64, 96 and the rest (each attending to the chunks
-    before it, read back from its slot), beside a running row: its prefill's logits."""
+    before it, read back from its slot), beside a running row: as close to transformers'
+    logits as its prefill in one piece."""
     runner = fast
     prompt = tuple(range(1000, 1200))
     with torch.inference_mode():
@@ -148,7 +168,7 @@ def test_a_prompt_in_chunks_beside_a_decode_step_gives_its_prefill(fast: FastRun
             done = end
         chunked = logits.clone()
         runner.clear()
-    assert (relative_error(chunked, whole) < 1e-2).all(), relative_error(chunked, whole)
+    assert_as_close(chunked, whole, hf_logits(model, list(prompt))[-1:])
 
 
 def test_a_kept_prefix_gives_the_full_prefills_logits_through_the_graphs(

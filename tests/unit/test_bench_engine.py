@@ -29,17 +29,27 @@ def test_engine_benchmark_smoke(tmp_path: Path) -> None:
         "2",
         "--profile-s",
         "1",
+        "--mixed-tokens",
+        "256,0",
     ]
     environ = {**os.environ, "PYTHONPATH": str(REPO / "handler")}
     subprocess.run(command, check=True, env=environ, timeout=600, capture_output=True)
     report = json.loads((tmp_path / "out/engine.json").read_text())
-    assert [row["users"] for row in report["rows"]] == [1, 3]
+    assert [(row["users"], row["mixed_tokens"]) for row in report["rows"]] == [
+        (1, 256),
+        (1, 0),
+        (3, 256),
+        (3, 0),
+    ]
     assert report["model_flops_per_token"] > 0 and report["bf16_matmul_tflops"] is None  # CPU
     for row in report["rows"]:
         assert row["requests_per_s"] > 0 and row["errors"] == 0 and row["steps_per_s"] > 0
         assert row["prompt_tokens_per_s"] > row["output_tokens_per_s"] > 0  # prompts are longer
         assert row["model_tflops"] is not None and row["mfu_pct"] is None
     assert (tmp_path / "out/engine.md").read_text().startswith("# Engine alone")
-    assert report["profile"]["users"] == 2
-    assert "_decode" in (tmp_path / "out/profile_host.txt").read_text()
-    assert "GPU kernel time" in (tmp_path / "out/profile_gpu.txt").read_text()
+    assert [(p["users"], p["mixed_tokens"]) for p in report["profile"]] == [(2, 256), (2, 0)]
+    assert "_mixed" in (tmp_path / "out/profile-mixed-256/profile_host.txt").read_text()
+    assert "_decode" in (tmp_path / "out/profile-mixed-0/profile_host.txt").read_text()
+    for mixed in (256, 0):
+        text = (tmp_path / f"out/profile-mixed-{mixed}/profile_gpu.txt").read_text()
+        assert "GPU kernel time" in text

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 from hymt_serve.engine import prefill
 from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.inputs import PackedPrompts
-from hymt_serve.engine.prefill import MIXED_KEYS
+from hymt_serve.engine.prefill import MIXED_BUCKETS
 from hymt_serve.engine.runner import FastRunner
 from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import GenerationRow
@@ -84,7 +84,7 @@ def test_a_prompt_in_chunks_gives_the_full_prefills_logits(model: PreTrainedMode
 
 class EmulatedMixedGraph:
     """A mixed "graph" on the CPU: the pass over the inputs buffer laid out as the captured
-    graph's (chunk tokens, MIXED_KEYS keys per token, padding), into the shared logits."""
+    graph's (its chunk bucket's tokens and keys, padding), into the shared logits."""
 
     replayed: ClassVar[list[tuple[int, int]]] = []
 
@@ -94,8 +94,8 @@ class EmulatedMixedGraph:
     def replay(self) -> None:
         runner, chunk = self.runner, self.chunk
         self.replayed.append((self.bucket, chunk))
-        rows = runner._prefill_rows(chunk)
-        inputs = PackedPrompts.view(runner.prefill_inputs, chunk, MIXED_KEYS * chunk, rows)
+        rows, keys = runner._mixed_rows(chunk), dict(MIXED_BUCKETS)[chunk]
+        inputs = PackedPrompts.view(runner.prefill_inputs, chunk, keys, rows)
         assert runner.mixed_logits is not None
         logits = runner._mixed_forward(self.bucket, inputs)
         runner.mixed_logits[: logits.shape[0]] = logits
@@ -113,15 +113,15 @@ def test_the_padded_mixed_graph_layout_gives_the_exact_logits(
     graphed.mixed_graphs = {  # type: ignore[assignment]
         (bucket, chunk): EmulatedMixedGraph(graphed, bucket, chunk)
         for bucket in graphed.buckets
-        for chunk in (32, 64)
+        for chunk in (16, 32)
     }
     long = tuple(range(1, 61))
     for each in (graphed, eager):
         start_batch(each)
         each.prefill([long[:40]], [5])  # 40 positions in slot 5 already
     cases = (
-        (JOINING, [2, 3], [0, 0]),  # fits the 32-token graph
-        ([long], [5], [40]),  # 20 tokens, 60 keys: fits 32 tokens, keys of 32 x 4
+        (JOINING, [2, 3], [0, 0]),  # 13 tokens and keys: the 16-token graph
+        ([long], [5], [40]),  # 20 tokens, 60 keys: the 32-token graph (128 keys)
     )
     for prompts, slots, starts in cases:
         ours_step, ours = graphed.mixed_step(prompts, slots, starts, decode=True)
@@ -133,7 +133,7 @@ def test_the_padded_mixed_graph_layout_gives_the_exact_logits(
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
         for each in (graphed, eager):
             each.advance(torch.tensor([13, 14])[: each.bucket])
-    assert EmulatedMixedGraph.replayed == [(2, 32), (2, 32)]
+    assert EmulatedMixedGraph.replayed == [(2, 16), (2, 32)]
 
 
 def stepped(scheduler: Scheduler, arrivals: dict[int, list[GenerationRow]]) -> list[list[int]]:
@@ -216,3 +216,23 @@ def test_a_failing_mixed_pass_fails_its_new_rows_only(
     assert list(running.result().token_ids) == hf_generate(model, RUNNING[0], 10)
     assert list(later.result().token_ids) == hf_generate(model, JOINING[1], 5)
     assert scheduler.describe()["prefilling"] == 0 and len(scheduler._free) == mixing.max_batch_size
+
+
+@pytest.mark.parametrize(("keys", "rows", "per_pass"), [(25, 8, 2), (1000, 3, 3)])
+def test_a_pass_beside_running_rows_keeps_to_the_runners_keys_and_rows(
+    model: PreTrainedModel, keys: int, rows: int, per_pass: int
+) -> None:
+    """Beside running rows a pass takes chunks while their keys (each chunk's end) and their
+    count stay within what the runner's graphs take; every row still gets its tokens."""
+    mixing = runner(model)
+    mixing.mixed_keys, mixing.mixed_rows = keys, rows
+    scheduler = scheduler_for(mixing)
+    running = scheduler.submit(GenerationRow(RUNNING[0], 20))
+    with torch.inference_mode():
+        scheduler.step()
+        joining = [scheduler.submit(GenerationRow(JOINING[0], 3)) for _ in range(4)]
+        scheduler.step()
+        assert scheduler.stats["prefill_rows"] == 1 + per_pass
+        scheduler.run([running, *joining])
+    expected = hf_generate(model, JOINING[0], 3)
+    assert [list(f.result().token_ids) for f in joining] == [expected] * 4

@@ -111,13 +111,17 @@ class Admission:
 
     def _plan(self, mixer: MixingRunner) -> list[tuple[Job, int]]:
         """This pass's prompt chunks, as (job, end): rows part-way through their prompts
-        first, in order, then waiting rows while free slots and the token budget last (a
-        pass without running rows takes the prefill's larger budget)."""
-        idle_budget = max(mixer.prefill_budget or 0, mixer.mixed_tokens)
-        budget = mixer.mixed_tokens if self._running else idle_budget
+        first, in order, then waiting rows while free slots and the token budget last. Beside
+        running rows a pass also stays within the runner's keys and rows (a chunk with more
+        keys alone runs anyway); without, it takes the prefill's larger budget."""
+        tokens = mixer.mixed_tokens
+        keys, rows = mixer.mixed_keys, mixer.mixed_rows
+        if not self._running:
+            tokens, keys = max(mixer.prefill_budget or 0, tokens), 1 << 62
+            rows = mixer.max_batch_size
         chunks: list[tuple[Job, int]] = []
         going = iter(list(self._prefilling))
-        while budget > 0:
+        while tokens > 0 and len(chunks) < rows:
             job = next(going, None)
             if job is None:
                 if not (self._free and self._waiting):
@@ -125,8 +129,10 @@ class Admission:
                 job = self._begin(mixer)
                 if job is None:
                     continue
-            end = min(len(job.row.prompt_ids), job.done + budget)
-            budget -= end - job.done
+            end = min(len(job.row.prompt_ids), job.done + tokens)
+            if chunks and end > keys:
+                break
+            tokens, keys = tokens - (end - job.done), keys - end
             chunks.append((job, end))
         return chunks
 

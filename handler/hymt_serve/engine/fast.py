@@ -19,7 +19,7 @@ from torch import nn
 
 from hymt_serve.engine.attention import TRITON_KERNEL, kernel_name
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales
-from hymt_serve.engine.prefill import MIXED_BUCKETS, PREFIX_TOKENS
+from hymt_serve.engine.prefill import MIXED_TOKENS, PREFIX_TOKENS
 from hymt_serve.engine.quantized import Int4Parts
 from hymt_serve.engine.runner import STEP_HEADROOM, FastRunner
 from hymt_serve.engine.weights import ModelShape, extract_weights
@@ -51,7 +51,7 @@ def build_fast_runner(
     int4: Int4Parts | None = None,
     quantize_head: bool = False,
     prefix_entries: int = 0,
-    mixed_tokens: int = MIXED_BUCKETS[-1],
+    mixed_tokens: int = MIXED_TOKENS,
 ) -> FastRunner:
     """A runner over ``model``'s weights; on CUDA compile and capture the steps' graphs.
 

@@ -23,10 +23,15 @@ from hymt_serve.engine.weights import ModelShape, ModelWeights
 PREFILL_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024)
 PREFILL_TOKENS = PREFILL_BUCKETS[-1]  # packed tokens per prefill call (a longer prompt alone)
 PREFIX_TOKENS = 256  # the longest prompt prefix kept for reuse
-# Prompt tokens that ride in a decode step, captured for every decode bucket; a mixed graph
-# takes MIXED_KEYS keys per token (chunks of a long prompt attend to all positions before).
-MIXED_BUCKETS = (32, 64, 128, 256)
-MIXED_KEYS = 4
+# Mixed graphs, captured for every decode bucket: (prompt tokens, keys) of the chunks riding
+# in the step, at most MIXED_ROWS prompts. Chunks attend to every position before them, so a
+# chunk of a long prompt has many more keys than tokens: the largest bucket takes 2,048.
+MIXED_BUCKETS = (
+    *((16, 64), (32, 128), (64, 256), (96, 384)),
+    *((128, 512), (160, 640), (192, 768), (256, 2048)),
+)
+MIXED_TOKENS, MIXED_KEYS = MIXED_BUCKETS[-1]
+MIXED_ROWS = 32
 
 
 class PackedPrefill:
@@ -150,16 +155,13 @@ class PackedPrefill:
             return None, self._prefill_group(prompts, slots, starts)
         rows, keys = len(prompts), sum(len(p) for p in prompts)
         tokens = keys - sum(starts)
-        chunk = next(
-            (
-                b
-                for b in MIXED_BUCKETS
-                if (bucket, b) in self.mixed_graphs
-                and b >= tokens
-                and MIXED_KEYS * b >= keys + (b > tokens)
-            ),
-            None,
+        # padding tokens need a padding key of their own
+        fits = (
+            (c, k)
+            for c, k in MIXED_BUCKETS
+            if (bucket, c) in self.mixed_graphs and c >= tokens and k >= keys + (c > tokens)
         )
+        chunk = next(fits, None) if rows <= MIXED_ROWS else None
         if chunk is None:
             layout = packed_layout(
                 prompts, slots, tokens=tokens, rows=rows, scratch_slot=self.scratch_slot,
@@ -169,11 +171,11 @@ class PackedPrefill:
             logits = self._mixed_forward(bucket, PackedPrompts.view(flat, tokens, keys, rows))
         else:
             layout = packed_layout(
-                prompts, slots, tokens=chunk, rows=self._prefill_rows(chunk),
-                scratch_slot=self.scratch_slot, starts=starts, keys=MIXED_KEYS * chunk,
+                prompts, slots, tokens=chunk[0], rows=self._mixed_rows(chunk[0]),
+                scratch_slot=self.scratch_slot, starts=starts, keys=chunk[1],
             )  # fmt: skip
             self.prefill_inputs[: len(layout)].copy_(pinned(layout, torch.int64), non_blocking=True)
-            self.mixed_graphs[bucket, chunk].replay()
+            self.mixed_graphs[bucket, chunk[0]].replay()
             assert self.mixed_logits is not None
             logits = self.mixed_logits
         return logits[:bucket], logits[bucket : bucket + rows]
@@ -241,10 +243,16 @@ class PackedPrefill:
     def _prefill_rows(self, bucket: int) -> int:
         return min(bucket, self.max_batch_size)
 
-    def _idle_prefill_inputs(self, bucket: int, keys_per_token: int = 2) -> PackedPrompts:
-        """The bucket's view of the prefill inputs (``bucket`` tokens, ``keys_per_token`` as
-        many keys), set to padding only (scratch slot)."""
-        rows, keys = self._prefill_rows(bucket), keys_per_token * bucket
+    def _mixed_rows(self, chunk: int) -> int:
+        return min(chunk, self.max_batch_size, MIXED_ROWS)
+
+    def _idle_prefill_inputs(
+        self, bucket: int, keys: int | None = None, rows: int | None = None
+    ) -> PackedPrompts:
+        """The bucket's view of the prefill inputs (``bucket`` tokens, ``keys`` keys: twice
+        as many by default), set to padding only (scratch slot)."""
+        keys = 2 * bucket if keys is None else keys
+        rows = self._prefill_rows(bucket) if rows is None else rows
         self.prefill_inputs.zero_()
         flat = self.prefill_inputs[: layout_size(bucket, keys, rows)]
         view = PackedPrompts.view(flat, bucket, keys, rows)
@@ -289,19 +297,19 @@ class PackedPrefill:
     def _capture_mixed(self, decode_buckets: Sequence[int]) -> None:
         """One graph per (decode bucket, chunk bucket), sharing one memory pool; at warm-up
         and capture the batch is empty and every token points at the scratch slot."""
-        chunk_rows = self._prefill_rows(MIXED_BUCKETS[-1])
         self.mixed_logits = torch.zeros(
-            max(decode_buckets) + chunk_rows, self.shape.vocab, dtype=torch.float32,
-            device=self.tokens.device,
+            max(decode_buckets) + self._mixed_rows(MIXED_TOKENS), self.shape.vocab,
+            dtype=torch.float32, device=self.tokens.device,
         )  # fmt: skip
         pairs = [(b, c) for b in reversed(decode_buckets) for c in reversed(MIXED_BUCKETS)]
         with side_stream():
-            for bucket, chunk in pairs:
-                self._mixed_forward(bucket, self._idle_prefill_inputs(chunk, MIXED_KEYS))
+            for bucket, (chunk, keys) in pairs:
+                inputs = self._idle_prefill_inputs(chunk, keys, self._mixed_rows(chunk))
+                self._mixed_forward(bucket, inputs)
         pool = torch.cuda.graph_pool_handle()
         graphs = {}
-        for bucket, chunk in pairs:
-            inputs = self._idle_prefill_inputs(chunk, MIXED_KEYS)
+        for bucket, (chunk, keys) in pairs:
+            inputs = self._idle_prefill_inputs(chunk, keys, self._mixed_rows(chunk))
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 logits = self._mixed_forward(bucket, inputs)

@@ -24,7 +24,13 @@ from torch import Tensor
 
 from hymt_serve.engine.attention import kernel_name, num_splits
 from hymt_serve.engine.model import forward_pass, make_step_functions, rope_tables
-from hymt_serve.engine.prefill import MIXED_BUCKETS, PackedPrefill, side_stream
+from hymt_serve.engine.prefill import (
+    MIXED_KEYS,
+    MIXED_ROWS,
+    MIXED_TOKENS,
+    PackedPrefill,
+    side_stream,
+)
 from hymt_serve.engine.types import GenerationRow
 from hymt_serve.engine.weights import ModelShape, ModelWeights
 from hymt_serve.request.errors import PayloadTooLarge
@@ -88,6 +94,11 @@ class Runner(Protocol):
 class MixingRunner(Runner, Protocol):
     """A runner whose decode steps can carry prompt chunks (the fast engine's)."""
 
+    # A pass beside running rows is fast (graphed) within these: the keys its chunks attend
+    # to (each chunk's end) and its prompts.
+    mixed_keys: int
+    mixed_rows: int
+
     def begin(self, prompt: Sequence[int], slot: int) -> int:
         """The row starts in ``slot``: how many leading prompt tokens the slot holds already."""
 
@@ -131,7 +142,7 @@ class FastRunner(PackedPrefill):
         max_seq_len: int,
         max_positions: int,
         prefix_entries: int = 0,
-        mixed_tokens: int = MIXED_BUCKETS[-1],
+        mixed_tokens: int = MIXED_TOKENS,
     ) -> None:
         self.weights, self.shape = weights, shape
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
@@ -157,7 +168,7 @@ class FastRunner(PackedPrefill):
         self.fns = make_step_functions(shape, compile_=False)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.setup_prefill(prefix_entries)
-        self.mixed_tokens = mixed_tokens
+        self.mixed_tokens, self.mixed_keys, self.mixed_rows = mixed_tokens, MIXED_KEYS, MIXED_ROWS
         self.compiled = False
         self.timings: dict[str, float] = {}
 

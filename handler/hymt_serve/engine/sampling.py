@@ -1,4 +1,7 @@
 """Greedy and model-card sampling for a batch of rows, on the device, without host syncs.
+(Writes of a Python constant through an index tensor, ``t[index] = False``, copy the constant
+to the device from pageable memory, which waits for the whole queue: ``index_fill_`` and
+device values instead.)
 
 Semantics follow transformers' logits processors for one row at a time: greedy rows take the
 argmax of the raw logits; sampled rows apply the repetition penalty over prompt and generated
@@ -78,7 +81,7 @@ class RowSampling:
 def _presence(rows: Sequence[GenerationRow], vocab: int, device: torch.device) -> Tensor:
     presence = torch.zeros(len(rows) + 1, vocab, dtype=torch.bool, device=device)
     for i, row in enumerate(rows):
-        presence[i, to_device(row.prompt_ids, torch.int64, device)] = True
+        presence[i].index_fill_(0, to_device(row.prompt_ids, torch.int64, device), True)
     return presence
 
 
@@ -112,7 +115,8 @@ def sample_next(logits: Tensor, batch: RowSampling, rows: Tensor) -> Tensor:
 def record_tokens(batch: RowSampling, rows: Tensor, tokens: Tensor) -> None:
     """Mark generated tokens as seen, for the repetition penalty of later steps."""
     if batch.presence is not None:
-        batch.presence[rows, tokens] = True
+        seen = torch.ones((), dtype=torch.bool, device=tokens.device)
+        batch.presence.index_put_((rows, tokens), seen)
 
 
 class SlotSampling:
@@ -143,7 +147,7 @@ class SlotSampling:
         self.top_k[index] = settings.top_k[:count]
         self.top_p[index] = settings.top_p[:count]
         self.penalty[index] = settings.penalty[:count]
-        self.presence[index] = False
+        self.presence.index_fill_(0, index, False)
         if settings.presence is not None:
             self.presence[index] = settings.presence[:count]
         for slot, row in zip(slots, rows, strict=True):

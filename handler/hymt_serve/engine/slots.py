@@ -48,7 +48,7 @@ class SlotState:
         record_tokens(batch, index, tokens)
         max_new = to_device([row.max_new_tokens for row in rows], torch.int64, self.device)
         self.out[index, 0] = tokens
-        self.generated[index] = 1
+        self.generated.index_fill_(0, index, 1)  # t[index] = 1 would wait for the device
         self.max_new[index] = max_new
         self.done[index] = torch.isin(tokens, self.stop_ids) | (max_new <= 1)
         return tokens
