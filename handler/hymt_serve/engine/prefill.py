@@ -151,34 +151,8 @@ class PackedPrefill:
         """
         self._copy_begun()
         bucket = self.bucket if decode else 0
-        if not bucket:
-            return None, self._prefill_group(prompts, slots, starts)
-        rows, keys = len(prompts), sum(len(p) for p in prompts)
-        tokens = keys - sum(starts)
-        # padding tokens need a padding key of their own
-        fits = (
-            (c, k)
-            for c, k in MIXED_BUCKETS
-            if (bucket, c) in self.mixed_graphs and c >= tokens and k >= keys + (c > tokens)
-        )
-        chunk = next(fits, None) if rows <= MIXED_ROWS else None
-        if chunk is None:
-            layout = packed_layout(
-                prompts, slots, tokens=tokens, rows=rows, scratch_slot=self.scratch_slot,
-                starts=starts, keys=keys,
-            )  # fmt: skip
-            flat = to_device(layout, torch.int64, self.tokens.device)
-            logits = self._mixed_forward(bucket, PackedPrompts.view(flat, tokens, keys, rows))
-        else:
-            layout = packed_layout(
-                prompts, slots, tokens=chunk[0], rows=self._mixed_rows(chunk[0]),
-                scratch_slot=self.scratch_slot, starts=starts, keys=chunk[1],
-            )  # fmt: skip
-            self.prefill_inputs[: len(layout)].copy_(pinned(layout, torch.int64), non_blocking=True)
-            self.mixed_graphs[bucket, chunk[0]].replay()
-            assert self.mixed_logits is not None
-            logits = self.mixed_logits
-        return logits[:bucket], logits[bucket : bucket + rows]
+        logits = self._packed_pass(bucket, prompts, slots, starts)
+        return (logits[:bucket] if bucket else None), logits[bucket:]
 
     def _copy_begun(self) -> None:
         """Copy the kept prefixes that :meth:`begin` gave slots."""
@@ -218,27 +192,48 @@ class PackedPrefill:
     def _prefill_group(
         self, prompts: Sequence[Sequence[int]], slots: Sequence[int], starts: Sequence[int]
     ) -> Tensor:
+        return self._packed_pass(0, prompts, slots, starts)
+
+    def _packed_pass(
+        self,
+        bucket: int,
+        prompts: Sequence[Sequence[int]],
+        slots: Sequence[int],
+        starts: Sequence[int],
+    ) -> Tensor:
+        """The prompts from their starts, with the decode step of the first ``bucket`` batch
+        positions (none when 0): through the smallest captured graph that holds them (its
+        tokens, keys and rows), else eagerly. Logits ``[bucket + R, V]``."""
         rows, keys = len(prompts), sum(len(p) for p in prompts)
         tokens = keys - sum(starts)
-        # a bucket of b tokens takes 2b keys; padding tokens need a padding key of their own
-        fits = (b for b in self.prefill_graphs if b >= tokens and 2 * b >= keys + (b > tokens))
-        bucket = next(fits, None)
-        if bucket is None:
+        if bucket:
+            shapes = [(c, k, self._mixed_rows(c)) for c, k in MIXED_BUCKETS]
+            shapes = [shape for shape in shapes if (bucket, shape[0]) in self.mixed_graphs]
+        else:  # a prefill bucket of b tokens takes 2b keys
+            shapes = [(b, 2 * b, self._prefill_rows(b)) for b in self.prefill_graphs]
+        # padding tokens need a padding key of their own
+        fits = (s for s in shapes if s[0] >= tokens and s[1] >= keys + (s[0] > tokens))
+        shape = next((s for s in fits if s[2] >= rows), None)
+        if shape is None:
             layout = packed_layout(
                 prompts, slots, tokens=tokens, rows=rows, scratch_slot=self.scratch_slot,
                 starts=starts, keys=keys,
             )  # fmt: skip
             flat = to_device(layout, torch.int64, self.tokens.device)
-            return self._prefill_forward(PackedPrompts.view(flat, tokens, keys, rows))
-        width = self._prefill_rows(bucket)
+            return self._mixed_forward(bucket, PackedPrompts.view(flat, tokens, keys, rows))
         layout = packed_layout(
-            prompts, slots, tokens=bucket, rows=width, scratch_slot=self.scratch_slot,
-            starts=starts, keys=2 * bucket,
+            prompts, slots, tokens=shape[0], rows=shape[2], scratch_slot=self.scratch_slot,
+            starts=starts, keys=shape[1],
         )  # fmt: skip
         self.prefill_inputs[: len(layout)].copy_(pinned(layout, torch.int64), non_blocking=True)
-        self.prefill_graphs[bucket].replay()
-        assert self.prefill_logits is not None
-        return self.prefill_logits[:rows]
+        if bucket:
+            self.mixed_graphs[bucket, shape[0]].replay()
+            out = self.mixed_logits
+        else:
+            self.prefill_graphs[shape[0]].replay()
+            out = self.prefill_logits
+        assert out is not None
+        return out[: bucket + rows]
 
     def _prefill_rows(self, bucket: int) -> int:
         return min(bucket, self.max_batch_size)
@@ -263,14 +258,16 @@ class PackedPrefill:
         return view
 
     def _prefill_forward(self, batch: PackedPrompts) -> Tensor:
-        return forward_pass(self.weights, self.shape, self.fns, self.rope, self.caches, None, batch)
+        return self._mixed_forward(0, batch)
 
     def _mixed_forward(self, bucket: int, batch: PackedPrompts) -> Tensor:
-        """The first ``bucket`` batch positions' decode step with ``batch``'s prompt tokens."""
+        """The first ``bucket`` batch positions' decode step (none when 0) with ``batch``'s
+        prompt tokens."""
         decode = (self.tokens[:bucket], self.positions[:bucket], self.slots[:bucket])
         return forward_pass(
-            self.weights, self.shape, self.fns, self.rope, self.caches, decode, batch
-        )
+            self.weights, self.shape, self.fns, self.rope, self.caches, decode if bucket else None,
+            batch,
+        )  # fmt: skip
 
     def _capture_prefill(self) -> None:
         """One graph per prefill bucket (largest first, sharing one memory pool); the inputs
