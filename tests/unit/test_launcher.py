@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,30 @@ def test_a_refused_setting_is_read_from_the_model_log(tmp_path: Path) -> None:
         out.write(f"{prefix}{error}the fast engine cannot start: no C compiler\n")
         out.write(f"{prefix}{error}the engine process failed to load: no C compiler \n")
     assert launcher.setting_refused(server) == "the engine process failed to load: no C compiler"
+
+
+def fake_worker(socket: Path) -> subprocess.Popen[bytes]:
+    """A process whose command line is a TorchServe worker's on ``socket``."""
+    worker = "/opt/venv/lib/site-packages/ts/model_service_worker.py"
+    sleep = "import time; time.sleep(120)"
+    command = [sys.executable, "-c", sleep, worker, "--sock-type", "unix", "--sock-name"]
+    return subprocess.Popen([*command, str(socket)])
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").is_file(), reason="needs /proc (Linux)")
+def test_workers_left_by_torchserve_are_ended_with_their_work_folder_only(
+    tmp_path: Path,
+) -> None:
+    """TorchServe 0.12.0 at times leaves a worker behind after ``--stop``: ``hymt stop`` ends
+    the workers whose socket lies in its own work folder, not another server's."""
+    ours = fake_worker(tmp_path / "work" / "tmp" / ".ts.sock.9000")
+    theirs = fake_worker(tmp_path / "other" / "tmp" / ".ts.sock.9000")
+    try:
+        assert launcher.stop_workers(tmp_path / "work" / "tmp", timeout=5) == 1
+        assert ours.wait(timeout=10) is not None
+        assert theirs.poll() is None
+        assert launcher.stop_workers(tmp_path / "work" / "tmp", timeout=5) == 0
+    finally:
+        for process in (ours, theirs):
+            process.kill()
+            process.wait()

@@ -10,6 +10,7 @@ failing when the server dies or the time runs out.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -328,9 +329,10 @@ def stop_web(server: Server, timeout: float = 10.0) -> bool:
 
 
 def stop(server: Server, timeout: float = 60.0) -> bool:
-    """Stop the server of this work folder, then its shared engines (``share_engine``); True
-    if the server was running."""
+    """Stop the server of this work folder, then any of its workers left running and its
+    shared engines (``share_engine``); True if the server was running."""
     if server.pid() is None:
+        stop_workers(server.workdir / "tmp")
         stop_engines(server.workdir / "tmp")
         return False
     subprocess.run(
@@ -343,5 +345,30 @@ def stop(server: Server, timeout: float = 60.0) -> bool:
         stderr=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,
     )
+    stop_workers(server.workdir / "tmp")
     stop_engines(server.workdir / "tmp")
     return True
+
+
+def stop_workers(temp: Path, timeout: float = 10.0) -> int:
+    """End the TorchServe workers of this work folder that outlived its front end.
+
+    TorchServe 0.12.0 at times leaves a worker running after ``torchserve --stop``, its parent
+    gone; in async mode with its engine child, which would hold a GPU's memory for good (seen
+    after full CI runs, one worker each time, and with the refinement benchmark's test alone).
+    Workers are known by their socket, which lies in the work folder's ``temp`` (found
+    through ``/proc``: Linux only). Returns how many were ended."""
+    prefix = str(temp / ".ts.sock.")
+    ended = 0
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        worker = any(arg.endswith("model_service_worker.py") for arg in args)
+        socket = next((b for a, b in itertools.pairwise(args) if a == "--sock-name"), "")
+        if worker and socket.startswith(prefix) and int(entry.name) != os.getpid():
+            print(f"hymt: a TorchServe worker outlived the server; ending it (pid {entry.name})")
+            terminate(int(entry.name), timeout)
+            ended += 1
+    return ended
