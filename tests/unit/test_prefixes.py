@@ -146,7 +146,7 @@ class EmulatedGraph:
         rows = runner._prefill_rows(bucket)
         inputs = PackedPrompts.view(runner.prefill_inputs, bucket, 2 * bucket, rows)
         assert runner.prefill_logits is not None
-        runner.prefill_logits[:rows] = runner._prefill_forward(inputs)
+        runner.prefill_logits[:rows] = runner._mixed_forward(0, inputs)
 
 
 @torch.inference_mode()

@@ -93,8 +93,8 @@ class PackedPrefill:
         Does not wait for the device (inputs go over with asynchronous copies). The logits of
         a single group may live in the prefill buffer: use them before the next prefill.
         """
+        starts = [self.begin(prompt, slot) for prompt, slot in zip(prompts, slots, strict=True)]
         self._copy_begun()
-        starts = self._reuse_prefixes(prompts, slots)
         groups, start, tokens, keys = [], 0, 0, 0
         for end, (prompt, reused) in enumerate(zip(prompts, starts, strict=True)):
             packed = len(prompt) - reused
@@ -105,19 +105,19 @@ class PackedPrefill:
             tokens, keys = tokens + packed, keys + len(prompt)
         groups.append((start, len(prompts)))
         if len(groups) == 1:
-            logits = self._prefill_group(prompts, slots, starts)
+            logits = self._packed_pass(0, prompts, slots, starts)
         else:
             logits = torch.cat(
                 [
-                    self._prefill_group(prompts[a:b], slots[a:b], starts[a:b]).clone()
+                    self._packed_pass(0, prompts[a:b], slots[a:b], starts[a:b]).clone()
                     for a, b in groups
                 ]
             )
-        self._keep_prefixes(prompts, slots, starts)
+        self.finish(prompts, slots, starts)
         return logits
 
     def begin(self, prompt: Sequence[int], slot: int) -> int:
-        """A mixed step's row starts: its slot gets the prompt's longest kept prefix (copied
+        """A row starts in ``slot``: the slot gets the prompt's longest kept prefix (copied
         before the next pass); returns how many tokens of the prompt the slot holds."""
         if self.prefixes is None:
             return 0
@@ -125,12 +125,6 @@ class PackedPrefill:
         if length:
             self._moves.append((entry, slot, length))
         return length
-
-    def finish(
-        self, prompts: Sequence[Sequence[int]], slots: Sequence[int], reused: Sequence[int]
-    ) -> None:
-        """Rows whose prompts the last pass completed: keep the prefixes worth keeping."""
-        self._keep_prefixes(prompts, slots, reused)
 
     def mixed_step(
         self,
@@ -160,39 +154,22 @@ class PackedPrefill:
             copy_positions(self.kept, self.kv, self._moves, self.device)
             self._moves = []
 
-    def _reuse_prefixes(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> list[int]:
-        """Copy each prompt's longest kept prefix into its slot; how many tokens each got."""
-        if self.prefixes is None:
-            return [0] * len(prompts)
-        starts, moves = [], []
-        for prompt, slot in zip(prompts, slots, strict=True):
-            length, entry = self.prefixes.lookup(tuple(prompt))
-            starts.append(length)
-            if length:
-                moves.append((entry, slot, length))
-        copy_positions(self.kept, self.kv, moves, self.device)
-        return starts
-
-    def _keep_prefixes(
-        self, prompts: Sequence[Sequence[int]], slots: Sequence[int], starts: Sequence[int]
+    def finish(
+        self, prompts: Sequence[Sequence[int]], slots: Sequence[int], reused: Sequence[int]
     ) -> None:
-        """Copy the prefixes worth keeping out of the slots just prefilled."""
+        """Rows whose prompts are complete in their slots (``reused`` tokens of each from a
+        kept prefix): copy out the prefixes worth keeping."""
         if self.prefixes is None:
             return
         # entry -> (slot, length): when a later prompt's prefix takes the entry an earlier
         # one's just got (all entries in use), only the later copy may go there
         into: dict[int, tuple[int, int]] = {}
-        for prompt, slot, reused in zip(prompts, slots, starts, strict=True):
-            length = self.prefixes.candidate(tuple(prompt), reused)
+        for prompt, slot, held in zip(prompts, slots, reused, strict=True):
+            length = self.prefixes.candidate(tuple(prompt), held)
             if length:
                 into[self.prefixes.keep(tuple(prompt[:length]))] = (slot, length)
         moves = [(slot, entry, length) for entry, (slot, length) in into.items()]
         copy_positions(self.kv, self.kept, moves, self.device)
-
-    def _prefill_group(
-        self, prompts: Sequence[Sequence[int]], slots: Sequence[int], starts: Sequence[int]
-    ) -> Tensor:
-        return self._packed_pass(0, prompts, slots, starts)
 
     def _packed_pass(
         self,
@@ -257,9 +234,6 @@ class PackedPrefill:
             sequence.fill_(-1)
         return view
 
-    def _prefill_forward(self, batch: PackedPrompts) -> Tensor:
-        return self._mixed_forward(0, batch)
-
     def _mixed_forward(self, bucket: int, batch: PackedPrompts) -> Tensor:
         """The first ``bucket`` batch positions' decode step (none when 0) with ``batch``'s
         prompt tokens."""
@@ -278,14 +252,14 @@ class PackedPrefill:
         buckets = list(reversed(PREFILL_BUCKETS))
         with side_stream():
             for bucket in buckets:
-                self._prefill_forward(self._idle_prefill_inputs(bucket))
+                self._mixed_forward(0, self._idle_prefill_inputs(bucket))
         pool = torch.cuda.graph_pool_handle()
         graphs = {}
         for bucket in buckets:
             inputs = self._idle_prefill_inputs(bucket)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                logits = self._prefill_forward(inputs)
+                logits = self._mixed_forward(0, inputs)
                 self.prefill_logits[: logits.shape[0]].copy_(logits)
             graphs[bucket] = graph
         torch.cuda.synchronize()

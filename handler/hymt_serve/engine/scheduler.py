@@ -61,8 +61,9 @@ assert SYNC_EVERY + 2 * LOOKAHEAD < STEP_HEADROOM
 # has waited this long. An idle engine admits at once.
 ADMIT_ROWS = 16
 ADMIT_WAIT_S = 0.02
-# What describe() counts; *_s: host seconds admitting (prefill_s: its prefill calls), stepping
-# and collecting read-backs.
+# What describe() counts; prefills: passes that carried prompt tokens (mixed steps: those
+# computed, without kept prefixes, in prefill_tokens); *_s: host seconds admitting (prefill_s:
+# its runner calls), stepping and collecting read-backs.
 COUNTERS = (
     *("submitted", "rejected", "finished", "failed", "steps", "row_steps", "prefills"),
     *("prefill_rows", "prefill_tokens", "mixed_steps", "readbacks", "readback_waits"),
