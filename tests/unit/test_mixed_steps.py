@@ -236,3 +236,31 @@ def test_a_pass_beside_running_rows_keeps_to_the_runners_keys_and_rows(
         scheduler.run([running, *joining])
     expected = hf_generate(model, JOINING[0], 3)
     assert [list(f.result().token_ids) for f in joining] == [expected] * 4
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4), (6, 1)])
+def test_packed_attention_equals_causal_attention_per_prompt(heads: int, kv_heads: int) -> None:
+    """Two prompts packed end to end, keys padded past them: each query sees its own
+    prompt's keys up to its position, with each key head shared by its group of query heads."""
+    from hymt_serve.engine.model import packed_attention
+
+    torch.manual_seed(0)
+    lengths, dim, padded = (5, 3), 16, 11
+    q = torch.randn(sum(lengths), heads, dim)
+    k, v = torch.randn(2, padded, kv_heads, dim).unbind(0)
+    sequence = torch.tensor([0] * lengths[0] + [1] * lengths[1])
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    key_sequence = torch.tensor([0] * lengths[0] + [1] * lengths[1] + [-1] * 3)
+    key_positions = torch.cat([positions, torch.zeros(3, dtype=torch.long)])
+    mask = (sequence[:, None] == key_sequence[None]) & (key_positions[None] <= positions[:, None])
+    got = packed_attention(q, k, v, mask)
+    group = heads // kv_heads
+    start = 0
+    for n in lengths:
+        qs, ks, vs = q[start : start + n], k[start : start + n], v[start : start + n]
+        ks, vs = (t.repeat_interleave(group, dim=1).transpose(0, 1) for t in (ks, vs))
+        want = torch.nn.functional.scaled_dot_product_attention(
+            qs.transpose(0, 1), ks, vs, is_causal=True
+        ).transpose(0, 1)
+        torch.testing.assert_close(got[start : start + n], want, rtol=1e-5, atol=1e-5)
+        start += n
