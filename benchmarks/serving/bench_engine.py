@@ -88,6 +88,8 @@ def build(args: argparse.Namespace) -> tuple[FastRunner, Any, float]:
         max_seq_len=args.max_seq_len,
         prefix_entries=args.prefix_entries,
         mixed_tokens=max(args.mixed_tokens),
+        quantize=args.quantization,
+        quantize_head=args.quantize_head,
     )
     return fast, tokenizer, flops
 
@@ -257,6 +259,15 @@ def main() -> None:
         default=[Settings.mixed_step_tokens],
         help="prompt tokens per mixed step, one or more (0: prefills between steps)",
     )
+    parser.add_argument(
+        "--quantization",
+        choices=("none", "fp8", "int8"),
+        default="none",
+        help="quantize the projections at load (the quantization setting)",
+    )
+    parser.add_argument(
+        "--quantize-head", action="store_true", help="the LM head too (quantize_lm_head)"
+    )
     parser.add_argument("--profile-users", type=int, default=0, help="0: no profiled window")
     parser.add_argument("--profile-s", type=float, default=3.0)
     args = parser.parse_args()
@@ -321,7 +332,9 @@ def main() -> None:
     table += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in results]
     (args.out / "engine.md").write_text(
         f"# Engine alone (scheduler + fast runner): {device}, {report['date']}\n\n"
-        f"workload {args.workload}, prefix entries {args.prefix_entries}, mixed_tokens "
+        f"workload {args.workload}, quantization {args.quantization}"
+        f"{' + head' if args.quantize_head else ''}, prefix entries {args.prefix_entries}, "
+        "mixed_tokens "
         f"{args.mixed_tokens} (0: prefills between steps, admit_rows "
         f"{args.admit_rows}, admit_wait_ms {args.admit_wait_ms}), slots {args.slots}, "
         f"{len(rows)} texts, {args.duration:.0f} s per level. model_tflops: (prompt + output "

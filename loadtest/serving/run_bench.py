@@ -232,7 +232,9 @@ def bench_torchserve(
     if quantization:
         overrides["handler.quantization"] = quantization
     for extra in extras:
-        if extra.startswith("shared"):  # sharedK: K workers per GPU feeding one engine each
+        if extra.startswith("rows"):  # rowsN: N KV-cache slots (max_batch_rows)
+            overrides["handler.max_batch_rows"] = int(extra.removeprefix("rows"))
+        elif extra.startswith("shared"):  # sharedK: K workers per GPU feeding one engine each
             per_gpu = int(extra.removeprefix("shared"))
             overrides.update(minWorkers=gpus * per_gpu, maxWorkers=gpus * per_gpu)
             overrides["handler.share_engine"] = True
@@ -456,7 +458,8 @@ def main() -> None:
         "batching); a quantization after a dash serves the model quantized at load, e.g. "
         "continuous-fp8; +head quantizes its LM head too (continuous-fp8+head), +noprefix "
         "turns the kept prompt prefixes off (continuous+noprefix), +sharedK runs K workers "
-        "per GPU that share its engine process (continuous+shared2)",
+        "per GPU that share its engine process (continuous+shared2), +rowsN sets max_batch_rows "
+        "(continuous+rows256)",
     )
     parser.add_argument(
         "--client-processes",
