@@ -27,3 +27,35 @@ def test_bad_counts_are_refused_naming_the_bound(
 def test_counts_within_the_ceiling_pass() -> None:
     check_scale(1, 1, 1)
     check_scale(2, 4, 4)
+
+
+@pytest.mark.parametrize(
+    ("workers", "settings", "ceiling"),
+    [
+        ([{"gpu": False}], {}, 3),  # on CPUs: --max-cpu-workers
+        ([{"gpu": True}], {"share_engine": False}, 2),  # one worker per GPU
+        ([{"gpu": True}], {}, 2),  # settings unknown: one per GPU
+        ([{"gpu": True}, {"gpu": True}], {"share_engine": True}, 6),  # 3 per GPU
+    ],
+)
+def test_the_worker_ceiling_follows_the_gpus_and_share_engine(
+    monkeypatch: pytest.MonkeyPatch,
+    workers: list[dict[str, bool]],
+    settings: dict[str, bool],
+    ceiling: int,
+) -> None:
+    """hymt scale's ceiling: a GPU takes one worker holding a model copy, or with
+    share_engine up to --max-cpu-workers feeding its engine process."""
+    import argparse
+
+    import torch
+
+    from hymt_serve.ops import launcher, server_cli
+
+    monkeypatch.setattr(launcher, "model_workers", lambda server, name: workers)
+    monkeypatch.setattr(
+        launcher, "handler_description", lambda server, name: {"settings": settings}
+    )
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    args = argparse.Namespace(model="hunyuan-mt", max_cpu_workers=3)
+    assert server_cli._worker_ceiling(object(), args) == ceiling

@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=int(os.environ.get("HYMT_MAX_CPU_WORKERS", "4")),
         help="ceiling for a model on CPUs, each worker holding a copy "
-        "(default $HYMT_MAX_CPU_WORKERS or 4); on GPUs the ceiling is the GPUs present",
+        "(default $HYMT_MAX_CPU_WORKERS or 4); on GPUs the ceiling is the GPUs present, "
+        "or this many per GPU with share_engine (the workers then hold no model copy)",
     )
     scale_cmd.set_defaults(func=cmd_scale)
 

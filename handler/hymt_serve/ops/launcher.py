@@ -231,6 +231,18 @@ def describe_model(
     return list(response.json()) if response.status_code == 200 else []
 
 
+def handler_description(server: Server, name: str) -> dict[str, Any]:
+    """The handler's describe output for model ``name`` (``{engine, model_family, settings}``)
+    from the management API; {} when it cannot be read."""
+    try:
+        metadata = describe_model(server, name, "?customized=true")[0]["customizedMetadata"]
+        if isinstance(metadata, str):
+            metadata = json.loads(metadata)
+    except (OSError, ValueError, KeyError, IndexError, TypeError):  # requests' errors are OSErrors
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def model_workers(server: Server, name: str, timeout: float = 10) -> list[dict[str, Any]]:
     """Workers of model ``name`` from the describe API (status, pid, ...; [] if unknown yet)."""
     described = describe_model(server, name, timeout=timeout)

@@ -123,14 +123,18 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 
 def _worker_ceiling(server: Any, args: argparse.Namespace) -> int:
-    """The GPUs present when the model runs on GPUs (one worker each), else the CPU ceiling."""
-    from hymt_serve.ops.launcher import model_workers
+    """On GPUs one worker per GPU, each holding a model copy; with ``share_engine`` the workers
+    of a GPU hold none (they feed its engine process), so up to ``--max-cpu-workers`` per GPU.
+    On CPUs the CPU ceiling."""
+    from hymt_serve.ops.launcher import handler_description, model_workers
 
     if not any(worker.get("gpu") for worker in model_workers(server, args.model)):
         return int(args.max_cpu_workers)
     import torch
 
-    return max(torch.cuda.device_count(), 1)
+    gpus = max(torch.cuda.device_count(), 1)
+    settings = handler_description(server, args.model).get("settings") or {}
+    return gpus * int(args.max_cpu_workers) if settings.get("share_engine") is True else gpus
 
 
 def cmd_token(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import requests
 from flask import Flask, Response, jsonify, request
 
-from hymt_serve.ops.launcher import Server, describe_model
+from hymt_serve.ops.launcher import Server, handler_description
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.web.compat import add_compat_routes
 from hymt_serve.web.deepl_documents import DocumentJobs, add_document_routes
@@ -69,7 +69,7 @@ def create_app(
         def max_texts() -> int:
             """The handler's texts per request (read once it answers; 16 until then)."""
             if "max_texts" not in known:
-                settings = _describe(server, model).get("settings")
+                settings = handler_description(server, model).get("settings")
                 if isinstance(settings, dict) and "max_texts_per_request" in settings:
                     known["max_texts"] = int(settings["max_texts_per_request"])
             return known.get("max_texts", DEFAULT_MAX_TEXTS)
@@ -94,7 +94,7 @@ def create_app(
             {"code": lang.code, "english": lang.english, "chinese": lang.chinese}
             for lang in LANGUAGES.values()
         ]
-        described = _describe(server, model)
+        described = handler_description(server, model)
         return jsonify(
             languages=languages,
             max_chars=_setting(described, "max_chars_per_text", DEFAULT_MAX_CHARS),
@@ -272,18 +272,6 @@ def _error_body(upstream: requests.Response) -> dict[str, Any]:
         "error": message or EMPTY_BODY_MESSAGES.get(status, f"HTTP {status}"),
         "error_type": TORCHSERVE_TYPES.get(status, "server_error"),
     }
-
-
-def _describe(server: Server, model: str) -> dict[str, Any]:
-    """The handler's describe output (``{engine, model_family, settings}``) from the management
-    API; {} when it cannot be read."""
-    try:
-        metadata = describe_model(server, model, "?customized=true")[0]["customizedMetadata"]
-        if isinstance(metadata, str):
-            metadata = json.loads(metadata)
-    except (OSError, ValueError, KeyError, IndexError, TypeError):  # requests' errors are OSErrors
-        return {}
-    return metadata if isinstance(metadata, dict) else {}
 
 
 def _setting(described: dict[str, Any], name: str, default: int) -> int:
