@@ -15,8 +15,8 @@ fi
 # A pid file left in the run volume by a killed container would look like a running server.
 rm -f "$home/run/tmp/.model_server.pid"
 
-# HYMT_WORKERS (the Helm chart sets it to the pod's GPU count) overrides the profile's
-# minWorkers/maxWorkers: one worker, one model copy, per GPU.
+# HYMT_WORKERS (the Helm chart sets it to the pod's GPUs x workersPerGpu) overrides the
+# profile's minWorkers/maxWorkers (the gpu profile: 2, sharing one GPU's engine process).
 hymt archive --model-path "$model_path" --profile "${HYMT_PROFILE:-gpu}" \
     --export-path "$home/model_store" \
     ${HYMT_WORKERS:+--set "minWorkers=$HYMT_WORKERS" --set "maxWorkers=$HYMT_WORKERS"}

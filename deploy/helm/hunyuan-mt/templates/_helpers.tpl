@@ -161,7 +161,7 @@ chart's with containerName and kserve (true: the inference port only) added. */}
     - name: HYMT_PROFILE
       value: {{ .Values.profile | quote }}
     - name: HYMT_WORKERS
-      value: {{ .Values.gpus | quote }}
+      value: {{ mul .Values.gpus .Values.workersPerGpu | quote }}
     - name: HYMT_START_TIMEOUT
       value: {{ .Values.startTimeoutSeconds | quote }}
     # Compile caches on the writable cache volume (the root file system is read-only).
