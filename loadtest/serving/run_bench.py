@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from client import Job, run_closed_loop, send
 from cpu_split import CpuSnapshot, cpu_snapshot, per_request
 from flops import bf16_matmul_rate, flops_per_token, utilisation
@@ -225,21 +226,32 @@ def bench_torchserve(
     from hymt_serve.ops.launcher import start, stop, wait_ready
 
     profile = "cpu" if args.tiny else "gpu"
-    overrides: dict[str, Any] = {"minWorkers": gpus, "maxWorkers": gpus}
+    template = REPO / f"configs/model-config-{profile}.yaml"
     # e.g. continuous-fp8, continuous-fp8+head, continuous+noprefix
     base, *extras = mode.split("+")
     base, _, quantization = base.partition("-")
+    overrides: dict[str, Any] = {}
     if quantization:
         overrides["handler.quantization"] = quantization
+    # The profile's workers per GPU (the GPU profile's share one engine process); one in batch
+    # mode, which has no shared engine.
+    per_gpu = 1
+    if base == "continuous":
+        per_gpu = 1 if args.tiny else int(yaml.safe_load(template.read_text())["minWorkers"])
+    else:
+        overrides["handler.share_engine"] = False
     for extra in extras:
         if extra.startswith("rows"):  # rowsN: N KV-cache slots (max_batch_rows)
             overrides["handler.max_batch_rows"] = int(extra.removeprefix("rows"))
         elif extra.startswith("shared"):  # sharedK: K workers per GPU feeding one engine each
             per_gpu = int(extra.removeprefix("shared"))
-            overrides.update(minWorkers=gpus * per_gpu, maxWorkers=gpus * per_gpu)
             overrides["handler.share_engine"] = True
+        elif extra == "unshared":  # one worker per GPU with its own engine child process
+            per_gpu = 1
+            overrides["handler.share_engine"] = False
         else:
             overrides[MODE_EXTRAS[extra][0]] = MODE_EXTRAS[extra][1]
+    overrides.update(minWorkers=gpus * per_gpu, maxWorkers=gpus * per_gpu)
     if base == "continuous":
         overrides.update({"asyncCommunication": True, "batchSize": 1})
         if args.tiny:
@@ -254,7 +266,7 @@ def bench_torchserve(
         )
     build_archive(
         model_path=model_dir,
-        template=REPO / f"configs/model-config-{profile}.yaml",
+        template=template,
         export_path=work / "model_store",
         overrides=overrides,
     )
@@ -448,7 +460,8 @@ def main() -> None:
         "--gpus",
         type=lambda s: [int(x) for x in s.split(",")],
         default=[1],
-        help="GPU counts for the continuous mode (one worker per GPU), e.g. 1,2; batch runs on 1",
+        help="GPU counts for the continuous mode (the profile's workers per GPU), e.g. 1,2; batch "
+        "runs on 1",
     )
     parser.add_argument(
         "--modes",
@@ -458,8 +471,8 @@ def main() -> None:
         "batching); a quantization after a dash serves the model quantized at load, e.g. "
         "continuous-fp8; +head quantizes its LM head too (continuous-fp8+head), +noprefix "
         "turns the kept prompt prefixes off (continuous+noprefix), +sharedK runs K workers "
-        "per GPU that share its engine process (continuous+shared2), +rowsN sets max_batch_rows "
-        "(continuous+rows256)",
+        "per GPU that share its engine process (continuous+shared3), +unshared one worker per "
+        "GPU with its own engine child, +rowsN sets max_batch_rows (continuous+rows128)",
     )
     parser.add_argument(
         "--client-processes",
@@ -524,6 +537,7 @@ def _cold_name(mode: str, gpus: int) -> str:
 def report(
     rows: list[dict[str, Any]], colds: dict[str, float], args: Any, segments: int, command: str
 ) -> dict[str, Any]:
+    gpu_profile = yaml.safe_load((REPO / "configs/model-config-gpu.yaml").read_text())
     return {
         "gpu": _gpu_name(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -545,10 +559,13 @@ def report(
                 else f"{segments} inputs of 500-1,000 tokens joined from the sentence mix"
             )
             + "; output "
-            "length 1.2 x source tokens for every system; one worker per GPU, token auth "
-            "on. Mode continuous: the GPU profile as shipped (TorchServe async mode, "
-            "batchSize 1, the handler's continuous batcher over 128 KV-cache slots in a child "
-            f"process); mode batch: TorchServe batching, batchSize {args.batch_size}, "
+            "length 1.2 x source tokens for every system; token auth on. Mode continuous: "
+            "the GPU profile as shipped (TorchServe async mode, batchSize 1, "
+            f"{gpu_profile['minWorkers']} workers per GPU feeding one engine process whose "
+            f"continuous batcher runs {gpu_profile['handler']['max_batch_rows']} KV-cache "
+            "slots; +unshared: one worker with its own engine child, +sharedK: K workers, "
+            f"+rowsN: N slots); mode batch: one worker per GPU, TorchServe batching, "
+            f"batchSize {args.batch_size}, "
             f"maxBatchDelay {args.batch_delay} ms, the fast engine per batch."
         ),
     }
