@@ -22,7 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hymt_serve.engine.attention import decode_attention
+from hymt_serve.engine.attention import (
+    TRITON_KERNEL,
+    decode_attention,
+    kernel_name,
+    prompt_attention,
+)
 from hymt_serve.engine.inputs import PackedPrompts
 from hymt_serve.engine.quantized import linear
 from hymt_serve.engine.weights import (
@@ -58,16 +63,18 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def qkv_step(
     x: Tensor, lw: LayerWeights, cos: Tensor, sin: Tensor, shape: ModelShape
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Tokens ``[N, hidden]`` -> q ``[N, H, D]``, k and v ``[N, KVH, D]`` (RoPE, then QK norm)."""
+    """Tokens ``[N, hidden]`` -> q ``[N, H, D]``, k and v ``[N, KVH, D]`` (RoPE, then QK norm).
+
+    q's and k's heads lie side by side in the fused projection's output, so RoPE and the norm
+    run over them as one ``[N, H + KVH, D]`` tensor, each head scaled by its own kind's norm
+    weight: the same values as two passes, and one kernel instead of two when compiled."""
     qkv = linear(rms_norm(x, lw.input_norm, shape.eps), lw.qkv, lw.qkv_scale, lw.qkv_input)
-    q_size, kv_size = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    q, k, v = torch.split(qkv, [q_size, kv_size, kv_size], dim=-1)
-    q = q.view(-1, shape.heads, shape.head_dim)
-    k = k.view(-1, shape.kv_heads, shape.head_dim)
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    q = rms_norm(_rotate(q, cos, sin), lw.q_norm, shape.eps)
-    k = rms_norm(_rotate(k, cos, sin), lw.k_norm, shape.eps)
-    return q, k, v.reshape(-1, shape.kv_heads, shape.head_dim)
+    heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
+    qk = qkv[:, : (heads + kv_heads) * dim].view(-1, heads + kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim :].view(-1, kv_heads, dim)
+    norm = torch.cat([lw.q_norm.expand(heads, dim), lw.k_norm.expand(kv_heads, dim)])
+    qk = rms_norm(_rotate(qk, cos[:, None, :], sin[:, None, :]), norm, shape.eps)
+    return qk[:, :heads], qk[:, heads:], v
 
 
 def output_step(attn: Tensor, residual: Tensor, lw: LayerWeights, eps: float) -> Tensor:
@@ -164,15 +171,16 @@ def forward_pass(
     so one read of the weights serves both kinds and no compute goes to padding between
     prompts. Attention is per kind: decode rows through the flash-decoding kernel; prompt
     tokens write their K/V into their slots, then read each prompt's keys back from its slot
-    (``packed.key_*``), so a prompt whose slot holds a reused prefix or earlier chunks packs
-    only the tokens after them. The last layer's MLP and the LM head run for the rows that
-    give logits only.
+    (on the GPU the prompt kernel reads the slot in place, by ``packed.blocks``; elsewhere
+    the keys ``packed.key_*`` are gathered), so a prompt whose slot holds a reused prefix or
+    earlier chunks packs only the tokens after them. The last layer's MLP and the LM head
+    run for the rows that give logits only.
     """
     ids = _joined(decode[0] if decode else None, packed.ids if packed else None)
     positions = _joined(decode[1] if decode else None, packed.positions if packed else None)
     cos, sin = rope[0][positions], rope[1][positions]
     mask = None
-    if packed is not None:
+    if packed is not None and not _prompt_kernel(caches[0][0]):
         same = packed.sequence[:, None] == packed.key_sequence[None, :]
         mask = same & (packed.key_positions[None, :] <= packed.positions[:, None])
     x = embed_tokens(ids, weights)
@@ -220,18 +228,31 @@ def _attention(
     if packed is None:
         assert step is not None
         return step
-    assert mask is not None
     k_cache[packed.token_slots, :, packed.positions] = k[rows:]
     v_cache[packed.token_slots, :, packed.positions] = v[rows:]
+    if mask is None:  # the prompt kernel reads the slots as they are
+        prompts = prompt_attention(
+            q[rows:], k_cache, v_cache, packed.positions, packed.blocks, scale
+        )
+        return _joined(step, prompts)
     keys = k_cache[packed.key_slots, :, packed.key_positions]
     values = v_cache[packed.key_slots, :, packed.key_positions]
     return _joined(step, packed_attention(q[rows:], keys, values, mask))
 
 
+def _prompt_kernel(cache: Tensor) -> bool:
+    """Whether prompt tokens attend through :func:`prompt_attention` (CUDA, Triton, half
+    precision), else through :func:`packed_attention` over keys gathered from the slots."""
+    return kernel_name(cache.device, cache.dtype) == TRITON_KERNEL
+
+
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """Causal attention within each packed prompt: q ``[N, H, D]``, k/v ``[K, KVH, D]``,
     ``mask [N, K]`` (True where a query may see a key) -> ``[N, H, D]``. Its shapes depend on
-    N and K only, so one CUDA graph serves any mix of prompts that fits them.
+    N and K only, so one CUDA graph serves any mix of prompts that fits them. The CPU's path
+    (and the reference for the prompt kernel): on the GPU, :func:`prompt_attention` reads the
+    slots without the gather and the mask (at the sentence mix's shapes on the H200 the two
+    took 57 us a layer; benchmarks/serving/slots/).
 
     The query heads that share a key head go one after another along the query axis
     (``[KVH, G x N, D]``), so the keys and values are read as they are instead of copied once
