@@ -10,9 +10,14 @@ import torch
 from runner_helpers import generate, teacher_forced_logits
 from transformers import GenerationConfig, PreTrainedModel
 
-from hymt_serve.engine.attention import _triton_decode_attention, reference_decode_attention
+from hymt_serve.engine.attention import (
+    _triton_decode_attention,
+    prompt_attention,
+    reference_decode_attention,
+)
 from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.inputs import PackedPrompts, packed_layout
+from hymt_serve.engine.model import packed_attention
 from hymt_serve.engine.runner import FastRunner
 from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import GenerationResult, GenerationRow
@@ -73,6 +78,32 @@ def test_triton_attention_matches_reference(batch: int) -> None:
     out = _triton_decode_attention(q, new[0], new[1], kv[0], kv[1], slots, positions, 128**-0.5)
     assert torch.equal(kv, ref_kv)
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize(
+    ("prompts", "starts"), [([26] * 12, [12] * 12), ([700], [500]), ([40, 900, 3], [0, 0, 0])]
+)
+def test_prompt_kernel_matches_the_gathered_path(prompts: list[int], starts: list[int]) -> None:
+    """Sentence-sized prompts after a kept prefix, a late chunk of a long prompt, and a mix."""
+    torch.manual_seed(len(prompts))
+    tokens = sum(n - s for n, s in zip(prompts, starts, strict=True)) + 5  # and padding
+    width, rows = sum(prompts) + 1, len(prompts)
+    layout = packed_layout(
+        [list(range(n)) for n in prompts], list(range(rows)), tokens=tokens, rows=rows,
+        scratch_slot=rows, starts=starts, keys=width,
+    )  # fmt: skip
+    p = PackedPrompts.view(torch.tensor(layout, device="cuda"), tokens, width, rows)
+    kv = torch.randn(2, rows + 1, 8, 1024, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(tokens, 40, 128, device="cuda", dtype=torch.bfloat16)[:, :32]
+    same = p.sequence[:, None] == p.key_sequence[None, :]
+    mask = same & (p.key_positions[None, :] <= p.positions[:, None])
+    keys, values = (cache[p.key_slots, :, p.key_positions] for cache in kv)
+    ref = packed_attention(q, keys, values, mask)
+    out = prompt_attention(q, kv[0], kv[1], p.positions, p.blocks, 128**-0.5)
+    real = tokens - 5
+    error = (out[:real].float() - ref[:real].float()).norm() / ref[:real].float().norm()
+    assert error.item() < 1e-2
+    assert torch.isfinite(out).all()
 
 
 def test_prefill_graphs_match_the_eager_prefill(fast: FastRunner) -> None:

@@ -8,7 +8,7 @@ from runner_helpers import generate, teacher_forced_logits
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
-from hymt_serve.engine.inputs import packed_layout
+from hymt_serve.engine.inputs import max_blocks, packed_layout, prompt_blocks
 from hymt_serve.engine.prefill import PREFILL_TOKENS
 from hymt_serve.engine.runner import FastRunner
 from hymt_serve.engine.types import GenerationRow, SamplingParams
@@ -118,9 +118,26 @@ def test_packed_layout_pads_tokens_and_rows() -> None:
         0, 1, 2, 0, 0, 0,  # the keys' positions
         0, 0, 0, 1, -1, -1,  # which prompt attends to each key
         2, 3, 0,  # last token of each prompt
+        0, 3, 4, 0,  # blocks for the prompt attention kernel: first packed index,
+        3, 1, 2, 0,  # token count (the padding's block last, then one unused),
+        2, 0, 9, 9,  # slot,
+        2, 0, 0, 0,  # and the position of its last token
     ]  # fmt: skip
     with pytest.raises(ValueError, match="exceed"):
         packed_layout([(5, 6, 7), (8,)], [2, 0], tokens=3, rows=3, scratch_slot=9)
+
+
+def test_prompt_blocks_split_at_the_block_size_and_between_prompts() -> None:
+    # a 20-token chunk from position 4 of slot 3, a 2-token prompt in slot 1, 3 padding tokens
+    slots, positions = [3] * 20 + [1] * 2, [*range(4, 24), 0, 1]
+    blocks = prompt_blocks(slots, positions, tokens=25, rows=2, scratch=7)
+    assert max_blocks(25, 2) == 4
+    assert blocks == [
+        0, 16, 20, 22,  # first packed index
+        16, 4, 2, 3,  # tokens
+        3, 3, 1, 7,  # slot (the padding's: the scratch slot)
+        19, 23, 1, 0,  # position of the last token
+    ]  # fmt: skip
 
 
 def test_a_reused_prefix_is_not_packed_but_still_attended_to() -> None:
@@ -135,6 +152,10 @@ def test_a_reused_prefix_is_not_packed_but_still_attended_to() -> None:
         0, 1, 2, 3, 0, 1, 0,  # the keys' positions
         0, 0, 0, 0, 1, 1, -1,  # which prompt attends to each key
         1, 3,  # last token of each prompt
+        0, 2, 4,  # blocks: first packed index,
+        2, 2, 1,  # tokens,
+        2, 0, 9,  # slot,
+        3, 1, 0,  # last position (the first prompt's block starts after its kept prefix)
     ]  # fmt: skip
     with pytest.raises(ValueError, match="exceed"):  # padding queries need a padding key
         packed_layout(prompts, slots, tokens=5, rows=2, scratch_slot=9, starts=[2, 0], keys=6)

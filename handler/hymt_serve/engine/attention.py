@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from hymt_serve.engine.inputs import PROMPT_BLOCK
+
 try:
     import triton
     import triton.language as tl
@@ -125,7 +127,39 @@ def _triton_decode_attention(
     return out
 
 
-def _define_kernels() -> tuple[Any, Any]:
+def prompt_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    blocks: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of packed prompt tokens over their own slots, whose keys and values
+    (the tokens' own included) are in the cache already: q ``[N, H, D]``, ``positions [N]``,
+    ``blocks [4, B]`` (:func:`~hymt_serve.engine.inputs.prompt_blocks`) -> ``[N, H, D]``.
+
+    One program per (block of up to 16 tokens of one prompt, KV head) holds the block's
+    tokens times the group's query heads as the rows of one tile and reads the slot's keys
+    once, up to the block's last position: a short prompt costs a few key tiles, a long
+    prompt's chunk reads its slot once per block, and nothing is gathered or spent on other
+    prompts' keys. The shapes depend on N and B only, so a CUDA graph serves any mix of
+    prompts that fits them. Triton, CUDA only (:func:`kernel_name`)."""
+    tokens, heads, dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = heads // kv_heads
+    out = torch.empty(tokens, heads, dim, device=q.device, dtype=q.dtype)
+    count = blocks.shape[1]
+    _prompt_kernel[(count, kv_heads)](
+        q, k_cache, v_cache, positions, blocks, out, q.stride(0), q.stride(1),
+        *k_cache.stride()[:3], scale,
+        BLOCKS=count, HEADS=heads, GROUP=group, GROUP_P=triton.next_power_of_2(group),
+        TOKENS=PROMPT_BLOCK, DIM=dim, BLOCK_N=_BLOCK_N,
+    )  # fmt: skip
+    return out
+
+
+def _define_kernels() -> tuple[Any, Any, Any]:
     @triton.jit  # type: ignore[untyped-decorator]
     def decode_kernel(  # type: ignore[no-untyped-def]
         q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, out_ptr, acc_ptr, stats_ptr,
@@ -201,8 +235,57 @@ def _define_kernels() -> tuple[Any, Any]:
         out = tl.sum(acc * weight[:, None], 0) / tl.sum(l_sum * weight, 0)
         tl.store(out_ptr + row_head * DIM + offs_d, out.to(out_ptr.dtype.element_ty))
 
-    return decode_kernel, combine_kernel
+    @triton.jit  # type: ignore[untyped-decorator]
+    def prompt_kernel(  # type: ignore[no-untyped-def]
+        q_ptr, kc_ptr, vc_ptr, pos_ptr, blocks_ptr, out_ptr, stride_qn, stride_qh,
+        stride_slot, stride_head, stride_pos, scale,
+        BLOCKS: tl.constexpr, HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
+        TOKENS: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        block = tl.program_id(0)
+        kvh = tl.program_id(1)
+        first = tl.load(blocks_ptr + block)
+        count = tl.load(blocks_ptr + BLOCKS + block)
+        slot = tl.load(blocks_ptr + 2 * BLOCKS + block)
+        last = tl.load(blocks_ptr + 3 * BLOCKS + block)
+        if count > 0:
+            # rows of the tile: token t of the block, query head g of the group
+            offs_r = tl.arange(0, TOKENS * GROUP_P)
+            token = offs_r // GROUP_P
+            g = offs_r % GROUP_P
+            valid = (token < count) & (g < GROUP)
+            index = first + token
+            head = kvh * GROUP + g
+            offs_d = tl.arange(0, DIM)
+            offs_n = tl.arange(0, BLOCK_N)
+            q_off = index[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :]
+            q = tl.load(q_ptr + q_off, mask=valid[:, None], other=0.0)
+            # rows past the block read position 0, which every row may see: no empty row
+            q_pos = tl.load(pos_ptr + index, mask=valid, other=0)
+            base = slot * stride_slot + kvh * stride_head
+            m_i = tl.full([TOKENS * GROUP_P], float("-inf"), tl.float32)
+            l_i = tl.zeros([TOKENS * GROUP_P], tl.float32)
+            acc = tl.zeros([TOKENS * GROUP_P, DIM], tl.float32)
+            for n0 in range(0, last + 1, BLOCK_N):
+                offs = n0 + offs_n
+                inside = (offs <= last)[:, None]
+                kv_off = base + offs[:, None] * stride_pos + offs_d[None, :]
+                k = tl.load(kc_ptr + kv_off, mask=inside, other=0.0)
+                s = tl.dot(q, tl.trans(k)) * scale
+                s = tl.where(offs[None, :] <= q_pos[:, None], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                p = tl.exp(s - m_new[:, None])
+                alpha = tl.exp(m_i - m_new)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                v = tl.load(vc_ptr + kv_off, mask=inside, other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                m_i = m_new
+            out = acc / l_i[:, None]
+            out_off = (index * HEADS + head)[:, None] * DIM + offs_d[None, :]
+            tl.store(out_ptr + out_off, out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+
+    return decode_kernel, combine_kernel, prompt_kernel
 
 
 if triton is not None:
-    _decode_kernel, _combine_kernel = _define_kernels()
+    _decode_kernel, _combine_kernel, _prompt_kernel = _define_kernels()

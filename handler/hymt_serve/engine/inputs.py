@@ -27,8 +27,9 @@ def packed_layout(
     ``scratch_slot`` and attends only to padding); then the slots, positions and sequence
     numbers of the keys each prompt attends to (``keys`` long each, default ``tokens``: every
     position of its slot up to its last token); then each prompt's last packed index (``rows``
-    long, padded with 0). ``starts``: per prompt, how many leading tokens its slot holds
-    already (a reused prefix): only the rest is packed, the keys cover them all."""
+    long, padded with 0); then the blocks of :func:`prompt_blocks`. ``starts``: per prompt,
+    how many leading tokens its slot holds already (a reused prefix): only the rest is packed,
+    the keys cover them all."""
     starts = starts or [0] * len(prompts)
     keys = tokens if keys is None else keys
     ids: list[int] = []
@@ -63,12 +64,49 @@ def packed_layout(
         + key_positions + [0] * pad_keys
         + key_sequence + [-1] * pad_keys
         + last + [0] * pad_rows
+        + prompt_blocks(token_slots, positions, tokens, rows, scratch_slot)
     )  # fmt: skip
+
+
+def prompt_blocks(
+    token_slots: Sequence[int], positions: Sequence[int], tokens: int, rows: int, scratch: int
+) -> list[int]:
+    """The packed tokens in blocks of at most ``PROMPT_BLOCK`` that never span two prompts,
+    for the prompt attention kernel: four lists of ``max_blocks(tokens, rows)``: each block's
+    first packed index, its token count (0: unused), its slot and its last token's position.
+    The padding after the prompts (``tokens`` in all) makes blocks of the scratch slot."""
+    blocks: list[tuple[int, int, int, int]] = []  # (first, count, slot, last position)
+    index = 0
+    while index < len(token_slots):
+        end = min(index + PROMPT_BLOCK, len(token_slots))
+        # a prompt's tokens are consecutive: a block ends where the slot or the positions break
+        for j in range(index + 1, end):
+            same = token_slots[j] == token_slots[index]
+            if not same or positions[j] != positions[j - 1] + 1:
+                end = j
+                break
+        blocks.append((index, end - index, token_slots[index], positions[end - 1]))
+        index = end
+    for start in range(index, tokens, PROMPT_BLOCK):  # padding: position 0 of the scratch slot
+        blocks.append((start, min(PROMPT_BLOCK, tokens - start), scratch, 0))
+    unused = max_blocks(tokens, rows) - len(blocks)
+    assert unused >= 0, "more blocks than max_blocks allows"
+    blocks += [(0, 0, scratch, 0)] * unused
+    return [value for column in zip(*blocks, strict=True) for value in column]
+
+
+PROMPT_BLOCK = 16  # packed tokens per program of the prompt attention kernel
+
+
+def max_blocks(tokens: int, rows: int) -> int:
+    """Blocks of :func:`prompt_blocks` for ``tokens`` packed tokens of at most ``rows``
+    prompts: a prompt adds at most one short block, the padding one more."""
+    return tokens // PROMPT_BLOCK + rows + 1
 
 
 def layout_size(tokens: int, keys: int, rows: int) -> int:
     """The length of a :func:`packed_layout` list."""
-    return 4 * tokens + 3 * keys + rows
+    return 4 * tokens + 3 * keys + rows + 4 * max_blocks(tokens, rows)
 
 
 @dataclass(frozen=True)
@@ -83,12 +121,14 @@ class PackedPrompts:
     key_positions: Tensor  # [K] its position there
     key_sequence: Tensor  # [K] which prompt attends to it (-1: padding)
     last: Tensor  # [R] packed index of each prompt's last token
+    blocks: Tensor  # [4, max_blocks] see prompt_blocks
 
     @classmethod
     def view(cls, flat: Tensor, tokens: int, keys: int, rows: int) -> PackedPrompts:
-        parts = flat[: layout_size(tokens, keys, rows)].split(
-            [tokens, tokens, tokens, tokens, keys, keys, keys, rows]
-        )
+        count = max_blocks(tokens, rows)
+        sizes = [tokens] * 4 + [keys] * 3 + [rows, 4 * count]
+        parts = list(flat[: layout_size(tokens, keys, rows)].split(sizes))
+        parts[-1] = parts[-1].view(4, count)  # blocks
         return cls(*parts)
 
 

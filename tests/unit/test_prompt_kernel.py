@@ -1,0 +1,100 @@
+"""The GPU's prompt attention kernel, run on the CPU by Triton's interpreter, against the
+gathered path (``packed_attention``) that the CPU engine runs.
+
+The interpreter must be chosen before Triton defines the kernels, so each case runs in a
+fresh process. Triton 3.5.1's interpreter turns a loaded scalar into a Python int with
+``int(array)``, which numpy 2 refuses for one-element arrays (a kernel whose loop bound comes
+from memory then fails in the interpreter only); the script patches that one conversion.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="Triton is not installed"
+)
+
+HANDLER = Path(__file__).resolve().parents[2] / "handler"
+
+SCRIPT = """
+import json, sys
+import triton.runtime.interpreter as interpreter
+
+_patch = interpreter._patch_lang_tensor
+
+def _patched(tensor):
+    _patch(tensor)
+    tensor.__index__ = lambda self: int(self.handle.data.reshape(-1)[0])
+
+interpreter._patch_lang_tensor = _patched
+
+import torch
+from hymt_serve.engine.attention import prompt_attention
+from hymt_serve.engine.inputs import PackedPrompts, packed_layout
+from hymt_serve.engine.model import packed_attention
+
+case = json.loads(sys.argv[1])
+heads, kv_heads, dim, slots, length = case["heads"], case["kv_heads"], 64, 6, 160
+prompts, starts = case["prompts"], case["starts"]
+tokens, keys, rows = case["tokens"], case["keys"], len(prompts) + 1
+layout = packed_layout(
+    [list(range(n)) for n in prompts], [1, 3, 4][: len(prompts)], tokens=tokens, rows=rows,
+    scratch_slot=slots - 1, starts=starts, keys=keys,
+)
+p = PackedPrompts.view(torch.tensor(layout), tokens, keys, rows)
+torch.manual_seed(0)
+# q as the fused projection leaves it: the query heads of a wider row (a strided view)
+q = torch.randn(tokens, heads + kv_heads, dim)[:, :heads]
+k_cache = torch.randn(slots, kv_heads, length, dim)
+v_cache = torch.randn_like(k_cache)
+k_cache[p.token_slots, :, p.positions] = torch.randn(tokens, kv_heads, dim)
+v_cache[p.token_slots, :, p.positions] = torch.randn(tokens, kv_heads, dim)
+same = p.sequence[:, None] == p.key_sequence[None, :]
+mask = same & (p.key_positions[None, :] <= p.positions[:, None])
+keys_, values = k_cache[p.key_slots, :, p.key_positions], v_cache[p.key_slots, :, p.key_positions]
+expected = packed_attention(q, keys_, values, mask)
+got = prompt_attention(q, k_cache, v_cache, p.positions, p.blocks, dim**-0.5)
+real = sum(n - s for n, s in zip(prompts, starts))
+print(json.dumps({
+    "diff": (got[:real] - expected[:real]).abs().max().item(),
+    "padding_finite": bool(torch.isfinite(got[real:]).all()),
+}))
+"""
+
+CASES = {
+    # three prompts, one with a kept prefix, one longer than a block and than a key tile
+    "group of 4, kept prefix, long prompt": dict(
+        heads=8, kv_heads=2, prompts=[30, 5, 100], starts=[10, 0, 3], tokens=128, keys=160
+    ),
+    # one query head per key head; the chunk of a prompt whose first 70 positions are cached
+    "group of 1, a later chunk": dict(
+        heads=2, kv_heads=2, prompts=[90], starts=[70], tokens=32, keys=96
+    ),
+    # a group that is not a power of two (query rows of the tile left unused)
+    "group of 3": dict(heads=6, kv_heads=2, prompts=[17, 17], starts=[0, 1], tokens=40, keys=40),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_prompt_kernel_equals_the_gathered_path(case: dict[str, object]) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(HANDLER)}
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(case)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["diff"] < 1e-4  # fp32 on both sides: the order of the sums differs only
+    assert result["padding_finite"]
