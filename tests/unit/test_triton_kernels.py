@@ -1,5 +1,6 @@
-"""The GPU's prompt attention kernel, run on the CPU by Triton's interpreter, against the
-gathered path (``packed_attention``) that the CPU engine runs.
+"""The GPU's attention kernels, run on the CPU by Triton's interpreter, against the paths the
+CPU engine runs: the prompt kernel against the gathered ``packed_attention``, the decode
+kernel (one split, and several with the combine kernel) against ``reference_decode_attention``.
 
 The interpreter must be chosen before Triton defines the kernels, so each case runs in a
 fresh process. Triton 3.5.1's interpreter turns a loaded scalar into a Python int with
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 HANDLER = Path(__file__).resolve().parents[2] / "handler"
 
-SCRIPT = """
+PREAMBLE = """
 import json, sys
 import triton.runtime.interpreter as interpreter
 
@@ -37,6 +38,9 @@ def _patched(tensor):
 interpreter._patch_lang_tensor = _patched
 
 import torch
+"""
+
+PROMPT = """
 from hymt_serve.engine.attention import prompt_attention
 from hymt_serve.engine.inputs import PackedPrompts, packed_layout
 from hymt_serve.engine.model import packed_attention
@@ -69,6 +73,30 @@ print(json.dumps({
 }))
 """
 
+DECODE = """
+from hymt_serve.engine.attention import (
+    _triton_decode_attention, num_splits, reference_decode_attention,
+)
+
+case = json.loads(sys.argv[1])
+batch, length, heads, kv_heads, dim = case["batch"], case["length"], 8, 2, 64
+torch.manual_seed(0)
+q = torch.randn(batch, heads, dim)
+new = torch.randn(2, batch, kv_heads, dim)
+cache = torch.randn(2, 5, kv_heads, length, dim)
+slots, positions = torch.tensor(case["slots"]), torch.tensor(case["positions"])
+expected_cache = cache.clone()
+expected = reference_decode_attention(
+    q, new[0], new[1], expected_cache[0], expected_cache[1], slots, positions, dim**-0.5
+)
+got = _triton_decode_attention(q, new[0], new[1], cache[0], cache[1], slots, positions, dim**-0.5)
+print(json.dumps({
+    "diff": (got - expected).abs().max().item(),
+    "splits": num_splits(batch, kv_heads, length),
+    "cache_equal": bool(torch.equal(cache, expected_cache)),
+}))
+"""
+
 CASES = {
     # three prompts, one with a kept prefix, one longer than a block and than a key tile
     "group of 4, kept prefix, long prompt": dict(
@@ -83,11 +111,18 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_prompt_kernel_equals_the_gathered_path(case: dict[str, object]) -> None:
+DECODE_CASES = {
+    "one split": dict(batch=3, length=64, slots=[0, 2, 4], positions=[3, 63, 10]),
+    "several splits, then the combine kernel": dict(
+        batch=2, length=1100, slots=[4, 1], positions=[1099, 300]
+    ),
+}
+
+
+def run_interpreted(body: str, case: dict[str, object]) -> dict[str, object]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(HANDLER)}
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, json.dumps(case)],
+        [sys.executable, "-c", PREAMBLE + body, json.dumps(case)],
         env=env,
         capture_output=True,
         text=True,
@@ -95,6 +130,20 @@ def test_prompt_kernel_equals_the_gathered_path(case: dict[str, object]) -> None
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_prompt_kernel_equals_the_gathered_path(case: dict[str, object]) -> None:
+    result = run_interpreted(PROMPT, case)
     assert result["diff"] < 1e-4  # fp32 on both sides: the order of the sums differs only
     assert result["padding_finite"]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES.values(), ids=DECODE_CASES.keys())
+def test_decode_kernel_equals_the_reference(case: dict[str, object]) -> None:
+    result = run_interpreted(DECODE, case)
+    assert result["diff"] < 1e-4
+    assert result["cache_equal"]  # the new keys and values written where the reference does
+    assert (result["splits"] > 1) == (case["length"] > 64)  # the combine kernel ran, or not
