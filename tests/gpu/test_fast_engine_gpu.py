@@ -61,6 +61,7 @@ def test_graphs_and_triton_kernel_are_used(fast: FastRunner) -> None:
     info = fast.describe()
     assert info["cuda_graphs"] is True
     assert info["attention_kernel"] == "triton_gqa_flash_decode"
+    assert info["prompt_attention_kernel"] == "triton_slot_prompt"
 
 
 @pytest.mark.parametrize("batch", [1, 3, 64])

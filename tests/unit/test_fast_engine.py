@@ -249,6 +249,7 @@ def test_describe_on_cpu(fast: FastRunner) -> None:
     info = fast.describe()
     assert info["cuda_graphs"] is False
     assert info["attention_kernel"] == "torch_reference"
+    assert info["prompt_attention_kernel"] == "gathered_sdpa"
     assert info["buckets"] == [1, 2, 4]
 
 

@@ -10,6 +10,10 @@ once in the cache dtype with fp32 accumulation and stops at the row's length, so
 cache costs nothing past the live positions. The kernel reads positions and slots from device
 tensors, which makes it capturable in a CUDA graph. Elsewhere a plain PyTorch version runs
 (the CPU path, also the reference for tests).
+
+Prompt tokens of a prefill or a mixed step attend through :func:`prompt_attention`, a Triton
+kernel over the same cache that reads each prompt's slot in place (CUDA only; elsewhere the
+model gathers the keys for SDPA).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ except ImportError:  # the CPU image has no Triton; the PyTorch path serves ther
 
 TRITON_KERNEL = "triton_gqa_flash_decode"
 REFERENCE_KERNEL = "torch_reference"
+PROMPT_KERNEL = "triton_slot_prompt"  # prompt tokens: :func:`prompt_attention`
+GATHERED_KERNEL = "gathered_sdpa"  # prompt tokens elsewhere: model.packed_attention
 _BLOCK_N = 64
 _TARGET_PROGRAMS = 264  # two waves on the H200's 132 SMs
 _MIN_POSITIONS_PER_SPLIT = 256
@@ -44,6 +50,12 @@ def kernel_name(device: torch.device, dtype: torch.dtype) -> str:
     """The kernel :func:`decode_attention` uses for tensors of this device and dtype."""
     use_triton = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
     return TRITON_KERNEL if use_triton and triton_available() else REFERENCE_KERNEL
+
+
+def prompt_kernel_name(device: torch.device, dtype: torch.dtype) -> str:
+    """How prompt tokens attend for tensors of this device and dtype: :func:`prompt_attention`
+    where the decode kernel runs, else keys gathered from the slots for SDPA."""
+    return PROMPT_KERNEL if kernel_name(device, dtype) == TRITON_KERNEL else GATHERED_KERNEL
 
 
 def num_splits(batch: int, kv_heads: int, max_len: int) -> int:

@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.attention import kernel_name, num_splits
+from hymt_serve.engine.attention import kernel_name, num_splits, prompt_kernel_name
 from hymt_serve.engine.model import forward_pass, make_step_functions, rope_tables
 from hymt_serve.engine.prefill import (
     MIXED_KEYS,
@@ -264,6 +264,7 @@ class FastRunner(PackedPrefill):
             "cuda_graphs": bool(self.graphs),
             "compiled": self.compiled,
             "attention_kernel": kernel_name(device, dtype),
+            "prompt_attention_kernel": prompt_kernel_name(device, dtype),
             "attention_splits": {
                 b: num_splits(b, self.shape.kv_heads, self.cache_len) for b in self.buckets
             },
