@@ -126,6 +126,26 @@ def test_stop_tokens_end_a_row_early(model: PreTrainedModel, expected: list[list
     assert list(got.token_ids) == reference[:cut] and got.finish_reason == "stop"
 
 
+def test_a_row_that_stops_leaves_the_batch_at_the_next_step(
+    model: PreTrainedModel, expected: list[list[int]]
+) -> None:
+    """A stop token (EOS, for a real model) is only known once the host reads the step back:
+    the row must not keep its slot, and its caller wait, for several more steps. On the CPU a
+    read-back is there at once, so the row ends with the step that sampled its stop token."""
+    reference = expected[0]
+    cuts = sorted({reference.index(token) for token in reference[2:14]} - {0, 1})
+    assert len(cuts) >= 3  # stops at several steps, not only at one that a period would hit
+    for cut in cuts:
+        scheduler = scheduler_for(
+            build_fast_runner(model, max_batch_size=2, max_seq_len=64), stop_ids=[reference[cut]]
+        )
+        future = scheduler.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]))
+        scheduler.run([future])
+        assert list(future.result().token_ids) == reference[:cut]
+        # token 0 comes from the prompt's pass, token t from decode step t
+        assert scheduler.stats["steps"] == cut, f"stop sampled at step {cut}"
+
+
 def test_streamed_tokens_add_up_to_the_result(
     batcher: Scheduler, expected: list[list[int]]
 ) -> None:

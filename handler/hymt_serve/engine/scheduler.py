@@ -13,13 +13,17 @@ between steps, gathered first since the prefill stalls the batch. Who calls it:
 - TorchServe async mode: :meth:`Scheduler.start` runs rounds on a serving thread, rows join the
   running batch between decode steps and leave it when they finish (continuous batching).
 
-Which rows finished is read back every ``SYNC_EVERY`` steps, or at once when a row reaches its
-length; streaming rows get their new tokens at those read-backs. Read-backs are asynchronous
-(the host queues up to ``LOOKAHEAD`` more steps before it waits for one) and admitting never
-waits for the device, so the GPU is not left idle while the host does its bookkeeping. The
-runner (:class:`Runner`: the fast engine's or transformers') owns the cache and the forward;
-:class:`~hymt_serve.engine.slots.SlotState` samples and records. A failure fails the rows it
-touched (as :func:`~hymt_serve.request.errors.as_service_error` says); the scheduler goes on.
+Which rows finished is read back after every step, one read-back in flight at a time;
+streaming rows get their new tokens at those read-backs. A row that samples a stop token (EOS,
+for a real model) is only known to have finished there, so until then it keeps its slot and its
+caller waits: with a read-back every 8 steps, as before, a row could run up to 10 steps past
+its end on the GPU. Read-backs are asynchronous (the host queues up to ``LOOKAHEAD`` more steps
+before it waits for one, so on the GPU one lands every ``LOOKAHEAD`` + 1 steps at most) and
+admitting never waits for the device, so the GPU is not left idle while the host does its
+bookkeeping. The runner (:class:`Runner`: the fast engine's or transformers') owns the cache
+and the forward; :class:`~hymt_serve.engine.slots.SlotState` samples and records. A failure
+fails the rows it touched (as :func:`~hymt_serve.request.errors.as_service_error` says); the
+scheduler goes on.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from hymt_serve.request.errors import InvalidRequest
 
 logger = logging.getLogger(__name__)
 
-SYNC_EVERY = 8  # decode steps between read-backs of the running rows' progress
+SYNC_EVERY = 1  # decode steps between read-backs of the running rows' progress
 LOOKAHEAD = 2  # decode steps the host may queue past a read-back before it waits for it
 # A row keeps stepping until the host learns that it finished: the runner's headroom covers it.
 assert SYNC_EVERY + 2 * LOOKAHEAD < STEP_HEADROOM
