@@ -259,7 +259,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"7B-shaped hunyuan_v1_dense, random bf16 weights, prompt {report['prompt_tokens']} "
         "tokens, "
         f"greedy, fixed output length. Copy bandwidth {report['bandwidth_tb_s']} TB/s; roofline "
-        f"(weights + KV read once per step) {report['roofline_ms_per_step']} ms/step at batch 1.",
+        f"(weights + KV read once per step) {report['roofline_ms_per_step']} ms/step at batch 1. "
+        "ms/step: the difference between a run of the new tokens and one of half as many, over "
+        "the steps between them; graph ms/step: replays of the captured step alone.",
         "",
         "| engine | batch | new tokens | ms/step | graph ms/step | roofline ms/step | x roofline "
         "| tokens/s | TTFT ms | peak GPU GB |",

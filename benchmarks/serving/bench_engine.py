@@ -12,10 +12,14 @@ per step, texts per prefill and the engine thread's host seconds per wall second
 ``--admit-wait-ms``/``--admit-rows`` sweep the admission policy between steps;
 ``--mixed-tokens 256,0`` runs mixed steps (prompt chunks in the decode step, the
 ``mixed_step_tokens`` setting) and prefills between steps side by side, alternating per level
-over one engine. Writes ``engine.json`` and ``engine.md`` to ``--out``. ``--profile-users N``
-adds a profiled window at N users per ``--mixed-tokens`` value (in ``profile-mixed-M/``):
-the engine thread under cProfile (where its host time goes, ``profile_host.txt``) and the GPU
-under torch.profiler (kernel time per wall second and the top kernels, ``profile_gpu.txt``).
+over one engine. Random weights never sample EOS, so every row runs to its length, which the
+scheduler knows in advance; ``--stop sampled`` makes rows end the way a real model's do, at a
+token they sample: the one sampled most often in a first pass over the mix (``stop_id`` and
+``output_tokens_per_request`` in the report). Writes ``engine.json`` and ``engine.md`` to
+``--out``. ``--profile-users N`` adds a profiled window at N users per ``--mixed-tokens``
+value (in ``profile-mixed-M/``): the engine thread under cProfile (where its host time goes,
+``profile_host.txt``) and the GPU under torch.profiler (kernel time per wall second and the
+top kernels, ``profile_gpu.txt``).
 
     PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tokenizer TOKDIR --out DIR
     PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tiny --out DIR
@@ -34,6 +38,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -196,6 +201,16 @@ def profile_window(
     return {"users": users, "seconds": round(elapsed, 2), "gpu_kernel_share": round(gpu_busy, 3)}
 
 
+def most_sampled(batcher: Scheduler, rows: list[GenerationRow]) -> int:
+    """The token sampled most often over every row of the mix, once each (closes
+    ``batcher``)."""
+    futures = [batcher.submit(row) for row in rows]
+    batcher.run(futures)
+    batcher.close()
+    counts = Counter(token for future in futures for token in future.result().token_ids)
+    return counts.most_common(1)[0][0]
+
+
 def measure(
     batcher: Scheduler, rows: list[GenerationRow], users: int, duration: float
 ) -> dict[str, Any]:
@@ -216,6 +231,7 @@ def measure(
         "requests_per_s": round(done / elapsed, 2),
         "prompt_tokens_per_s": round(prompt_tokens / elapsed, 1),
         "output_tokens_per_s": round(tokens / elapsed, 1),
+        "output_tokens_per_request": round(tokens / done, 1) if done else None,
         "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
         "p95_ms": round(1000 * latencies[int(0.95 * (len(latencies) - 1))], 1)
         if latencies
@@ -268,6 +284,13 @@ def main() -> None:
     parser.add_argument(
         "--quantize-head", action="store_true", help="the LM head too (quantize_lm_head)"
     )
+    parser.add_argument(
+        "--stop",
+        choices=("eos", "sampled"),
+        default="eos",
+        help="stop at the model's EOS (never sampled by random weights: rows end at their "
+        "length) or also at the token a first pass samples most often",
+    )
     parser.add_argument("--profile-users", type=int, default=0, help="0: no profiled window")
     parser.add_argument("--profile-s", type=float, default=3.0)
     args = parser.parse_args()
@@ -281,11 +304,13 @@ def main() -> None:
     rows = [r for r in rows if r.max_new_tokens < args.max_seq_len]
     rows = [r for r in rows if len(r.prompt_ids) + r.max_new_tokens <= args.max_seq_len]
 
+    stops = [STOP_ID]
+
     def scheduler(mixed: int) -> ProfiledBatcher:
         fast.mixed_tokens = mixed
         batcher = ProfiledBatcher(
             fast,
-            [STOP_ID],
+            stops,
             lambda tokens, finish: GenerationResult("", tuple(tokens), finish),
             max_seq_len=args.max_seq_len,
             admit_rows=args.admit_rows,
@@ -295,6 +320,9 @@ def main() -> None:
         measure(batcher, rows, min(users), 2.0)  # warm-up: first prefill shapes, allocator
         return batcher
 
+    if args.stop == "sampled":
+        stops.append(most_sampled(scheduler(args.mixed_tokens[0]), rows))
+        print(json.dumps({"stop_id": stops[-1]}), flush=True)
     results = []
     for count in users:
         for mixed in args.mixed_tokens:
@@ -319,6 +347,7 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "settings": {k: str(v) for k, v in vars(args).items()},
         "texts": len(rows),
+        "stop_id": stops[-1],
         "model_flops_per_token": flops,
         "bf16_matmul_tflops": None if rate is None else round(rate / 1e12, 1),
         "rows": results,

@@ -53,3 +53,23 @@ def test_engine_benchmark_smoke(tmp_path: Path) -> None:
     for mixed in (256, 0):
         text = (tmp_path / f"out/profile-mixed-{mixed}/profile_gpu.txt").read_text()
         assert "GPU kernel time" in text
+
+
+def test_engine_benchmark_can_stop_rows_at_a_sampled_token(tmp_path: Path) -> None:
+    """``--stop sampled``: rows end at the token a first pass samples most often, as a real
+    model's end at EOS, instead of all running to their known lengths."""
+    reports = {}
+    for stop in ("eos", "sampled"):
+        out = tmp_path / stop
+        command = [
+            sys.executable, str(REPO / "benchmarks/serving/bench_engine.py"), "--tiny",
+            "--out", str(out), "--work", str(tmp_path / "work"), "--users", "3",
+            "--duration", "1", "--stop", stop,
+        ]  # fmt: skip
+        environ = {**os.environ, "PYTHONPATH": str(REPO / "handler")}
+        subprocess.run(command, check=True, env=environ, timeout=600, capture_output=True)
+        reports[stop] = json.loads((out / "engine.json").read_text())
+    assert reports["eos"]["stop_id"] == 127960  # the model's EOS, which random weights never pick
+    assert reports["sampled"]["stop_id"] != 127960
+    eos, sampled = (reports[k]["rows"][0]["output_tokens_per_request"] for k in reports)
+    assert sampled < eos
