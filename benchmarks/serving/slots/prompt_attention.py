@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+import sys
 from pathlib import Path
 
 import torch
@@ -31,6 +31,9 @@ import torch
 from hymt_serve.engine.attention import decode_attention, prompt_attention
 from hymt_serve.engine.inputs import PackedPrompts, packed_layout
 from hymt_serve.engine.model import packed_attention
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "decode"))
+from fp8_gemm import timed_graph
 
 KV_HEADS, HEADS, DIM, SLOTS, MAX_LEN = 8, 32, 128, 257, 1536
 
@@ -47,26 +50,6 @@ def layout(prompts: list[int], starts: list[int], tokens: int, keys: int) -> Pac
         keys=keys,
     )
     return PackedPrompts.view(torch.tensor(flat, device="cuda"), tokens, keys, 32)
-
-
-def timed(fn: Callable[[], torch.Tensor], replays: int = 200) -> tuple[float, torch.Tensor]:
-    """Microseconds per replay of ``fn`` captured in a CUDA graph, and its output."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1000 * start.elapsed_time(end) / replays, out
 
 
 def compare(name: str, prompts: list[int], starts: list[int], tokens: int, keys: int) -> dict:
@@ -102,10 +85,10 @@ def compare(name: str, prompts: list[int], starts: list[int], tokens: int, keys:
     real = sum(n - s for n, s in zip(prompts, starts, strict=True))
     row: dict = {"shape": name, "prompts": len(prompts), "packed_tokens": real}
     row["bucket"] = [tokens, keys]
-    base_us, base = timed(gathered)
+    base_us, base = 1000 * timed_graph(gathered, 200), gathered()
     row["gathered_us"] = round(base_us, 2)
     for way, fn in (("per_token", per_token), ("slots", slots)):
-        us, out = timed(fn)
+        us, out = 1000 * timed_graph(fn, 200), fn()
         row[f"{way}_us"] = round(us, 2)
         row[f"{way}_over_gathered"] = round(us / base_us, 3)
         row[f"{way}_max_abs_diff"] = (out[:real].float() - base[:real].float()).abs().max().item()
