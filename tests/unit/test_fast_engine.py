@@ -129,8 +129,7 @@ def test_packed_layout_pads_tokens_and_rows() -> None:
 
 def test_prompt_blocks_split_at_the_block_size_and_between_prompts() -> None:
     # a 20-token chunk from position 4 of slot 3, a 2-token prompt in slot 1, 3 padding tokens
-    slots, positions = [3] * 20 + [1] * 2, [*range(4, 24), 0, 1]
-    blocks = prompt_blocks(slots, positions, tokens=25, rows=2, scratch=7)
+    blocks = prompt_blocks([(0, 20, 3, 4), (20, 2, 1, 0)], tokens=25, rows=2, scratch=7)
     assert max_blocks(25, 2) == 4
     assert blocks == [
         0, 16, 20, 22,  # first packed index

@@ -40,7 +40,11 @@ def packed_layout(
     key_positions: list[int] = []
     key_sequence: list[int] = []
     last: list[int] = []
+    spans: list[
+        tuple[int, int, int, int]
+    ] = []  # per prompt: first packed index, count, slot, start
     for row, (prompt, slot, start) in enumerate(zip(prompts, slots, starts, strict=True)):
+        spans.append((len(ids), len(prompt) - start, slot, start))
         ids.extend(prompt[start:])
         positions.extend(range(start, len(prompt)))
         token_slots.extend([slot] * (len(prompt) - start))
@@ -64,30 +68,27 @@ def packed_layout(
         + key_positions + [0] * pad_keys
         + key_sequence + [-1] * pad_keys
         + last + [0] * pad_rows
-        + prompt_blocks(token_slots, positions, tokens, rows, scratch_slot)
+        + prompt_blocks(spans, tokens, rows, scratch_slot)
     )  # fmt: skip
 
 
 def prompt_blocks(
-    token_slots: Sequence[int], positions: Sequence[int], tokens: int, rows: int, scratch: int
+    spans: Sequence[tuple[int, int, int, int]], tokens: int, rows: int, scratch: int
 ) -> list[int]:
     """The packed tokens in blocks of at most ``PROMPT_BLOCK`` that never span two prompts,
-    for the prompt attention kernel: four lists of ``max_blocks(tokens, rows)``: each block's
-    first packed index, its token count (0: unused), its slot and its last token's position.
-    The padding after the prompts (``tokens`` in all) makes blocks of the scratch slot."""
+    for the prompt attention kernel. ``spans``: per prompt, its first packed index, its packed
+    token count, its slot and the position of its first packed token. Returns four lists of
+    ``max_blocks(tokens, rows)``: each block's first packed index, its token count (0: unused),
+    its slot and its last token's position. The padding after the prompts (``tokens`` in all)
+    makes blocks of the scratch slot."""
     blocks: list[tuple[int, int, int, int]] = []  # (first, count, slot, last position)
-    index = 0
-    while index < len(token_slots):
-        end = min(index + PROMPT_BLOCK, len(token_slots))
-        # a prompt's tokens are consecutive: a block ends where the slot or the positions break
-        for j in range(index + 1, end):
-            same = token_slots[j] == token_slots[index]
-            if not same or positions[j] != positions[j - 1] + 1:
-                end = j
-                break
-        blocks.append((index, end - index, token_slots[index], positions[end - 1]))
-        index = end
-    for start in range(index, tokens, PROMPT_BLOCK):  # padding: position 0 of the scratch slot
+    end = 0
+    for first, count, slot, position in spans:
+        end = first + count
+        for start in range(first, end, PROMPT_BLOCK):
+            size = min(PROMPT_BLOCK, end - start)
+            blocks.append((start, size, slot, position + start - first + size - 1))
+    for start in range(end, tokens, PROMPT_BLOCK):  # padding: position 0 of the scratch slot
         blocks.append((start, min(PROMPT_BLOCK, tokens - start), scratch, 0))
     unused = max_blocks(tokens, rows) - len(blocks)
     assert unused >= 0, "more blocks than max_blocks allows"
