@@ -40,9 +40,8 @@ def packed_layout(
     key_positions: list[int] = []
     key_sequence: list[int] = []
     last: list[int] = []
-    spans: list[
-        tuple[int, int, int, int]
-    ] = []  # per prompt: first packed index, count, slot, start
+    # per prompt: its first packed index, packed tokens, slot and first packed position
+    spans: list[tuple[int, int, int, int]] = []
     for row, (prompt, slot, start) in enumerate(zip(prompts, slots, starts, strict=True)):
         spans.append((len(ids), len(prompt) - start, slot, start))
         ids.extend(prompt[start:])
