@@ -2,43 +2,20 @@
 CPU engine runs: the prompt kernel against the gathered ``packed_attention``, the decode
 kernel (one split, and several with the combine kernel) against ``reference_decode_attention``.
 
-The interpreter must be chosen before Triton defines the kernels, so each case runs in a
-fresh process. Triton 3.5.1's interpreter turns a loaded scalar into a Python int with
-``int(array)``, which numpy 2 refuses for one-element arrays (a kernel whose loop bound comes
-from memory then fails in the interpreter only); the script patches that one conversion.
+Each case runs in a fresh process (:mod:`interpreter`, which also says how it patches
+Triton 3.5.1's interpreter for numpy 2).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from interpreter import run_interpreted
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="Triton is not installed"
 )
-
-HANDLER = Path(__file__).resolve().parents[2] / "handler"
-
-PREAMBLE = """
-import json, sys
-import triton.runtime.interpreter as interpreter
-
-_patch = interpreter._patch_lang_tensor
-
-def _patched(tensor):
-    _patch(tensor)
-    tensor.__index__ = lambda self: int(self.handle.data.reshape(-1)[0])
-
-interpreter._patch_lang_tensor = _patched
-
-import torch
-"""
 
 PROMPT = """
 from hymt_serve.engine.attention import prompt_attention
@@ -117,21 +94,6 @@ DECODE_CASES = {
         batch=2, length=1100, slots=[4, 1], positions=[1099, 300]
     ),
 }
-
-
-def run_interpreted(body: str, case: dict[str, object]) -> dict[str, object]:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(HANDLER)}
-    done = subprocess.run(
-        [sys.executable, "-c", PREAMBLE + body, json.dumps(case)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())

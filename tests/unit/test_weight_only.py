@@ -5,14 +5,11 @@ unquantized self (the measure of test_fp8_engine)."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
+from interpreter import run_interpreted
 from runner_helpers import FORCED, against_unquantized
 from test_fast_engine import PROMPTS, tiny_model
 
@@ -84,7 +81,6 @@ def test_an_int4_model_stays_close_to_the_unquantized_one() -> None:
 # computes in NumPy, which has no bf16). The GPU tests run the same code compiled.
 KERNEL_CHECK = textwrap.dedent(
     """
-    import json, torch
     from hymt_serve.engine import weight_only as wo
     from hymt_serve.engine.quantized import quantize_int8_rows
 
@@ -117,15 +113,7 @@ KERNEL_CHECK = textwrap.dedent(
 def test_the_kernels_compute_the_reference_product_in_triton_s_interpreter() -> None:
     """Both kernels (tiled and one-row), both forms, split inputs, edges that are not whole
     tiles (200 columns, 17 rows, an input split into 3 uneven parts)."""
-    handler = Path(__file__).resolve().parents[2] / "handler"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(handler)}
-    done = subprocess.run(
-        [sys.executable, "-c", KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    import json
-
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = run_interpreted(KERNEL_CHECK, timeout=600)
     assert len(results) == 2 * (2 * 3 * 2 + 2 * 3)  # forms x (small cases x configs x splits...)
     worst = max(results, key=lambda r: r[-1])
     assert worst[-1] < 1e-5, worst  # fp32 accumulation of fp16 inputs
