@@ -14,12 +14,12 @@ per step, texts per prefill and the engine thread's host seconds per wall second
 ``mixed_step_tokens`` setting) and prefills between steps side by side, alternating per level
 over one engine. Random weights never sample EOS, so every row runs to its length, which the
 scheduler knows in advance; ``--stop sampled`` makes rows end the way a real model's do, at a
-token they sample: the one sampled most often in a first pass over the mix (``stop_id`` and
-``output_tokens_per_request`` in the report). Writes ``engine.json`` and ``engine.md`` to
-``--out``. ``--profile-users N`` adds a profiled window at N users per ``--mixed-tokens``
-value (in ``profile-mixed-M/``): the engine thread under cProfile (where its host time goes,
-``profile_host.txt``) and the GPU under torch.profiler (kernel time per wall second and the
-top kernels, ``profile_gpu.txt``).
+token they sample: the one sampled most often in a first pass over the mix (``stop_id``,
+``output_tokens_per_request`` and ``stopped_requests`` in the report). Writes ``engine.json``
+and ``engine.md`` to ``--out``. ``--profile-users N`` adds a profiled window at N users per
+``--mixed-tokens`` value (in ``profile-mixed-M/``): the engine thread under cProfile (where its
+host time goes, ``profile_host.txt``) and the GPU under torch.profiler (kernel time per wall
+second and the top kernels, ``profile_gpu.txt``).
 
     PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tokenizer TOKDIR --out DIR
     PYTHONPATH=handler python benchmarks/serving/bench_engine.py --tiny --out DIR
@@ -108,6 +108,7 @@ class ClosedLoop:
         self.latencies: list[float] = []
         self.tokens = 0
         self.prompt_tokens = 0
+        self.stopped = 0  # rows a stop token ended (the rest ran to their length)
         self.errors = 0
         self.running = True
         self.in_flight = users
@@ -128,6 +129,7 @@ class ClosedLoop:
                 self.latencies.append(time.perf_counter() - started)
                 self.tokens += future.result().output_tokens
                 self.prompt_tokens += prompt
+                self.stopped += future.result().finish_reason == "stop"
             else:
                 self.errors += 1
             if not self.running:
@@ -221,7 +223,7 @@ def measure(
     with loop.lock:
         loop.running = False
         done, tokens, latencies = len(loop.latencies), loop.tokens, sorted(loop.latencies)
-        prompt_tokens = loop.prompt_tokens
+        prompt_tokens, stopped = loop.prompt_tokens, loop.stopped
         stats = {k: batcher.stats[k] - before.get(k, 0) for k in batcher.stats}
     elapsed = time.perf_counter() - started
     loop.drained.wait(600)
@@ -232,6 +234,7 @@ def measure(
         "prompt_tokens_per_s": round(prompt_tokens / elapsed, 1),
         "output_tokens_per_s": round(tokens / elapsed, 1),
         "output_tokens_per_request": round(tokens / done, 1) if done else None,
+        "stopped_requests": stopped,
         "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
         "p95_ms": round(1000 * latencies[int(0.95 * (len(latencies) - 1))], 1)
         if latencies

@@ -71,5 +71,8 @@ def test_engine_benchmark_can_stop_rows_at_a_sampled_token(tmp_path: Path) -> No
         reports[stop] = json.loads((out / "engine.json").read_text())
     assert reports["eos"]["stop_id"] == 127960  # the model's EOS, which random weights never pick
     assert reports["sampled"]["stop_id"] != 127960
-    eos, sampled = (reports[k]["rows"][0]["output_tokens_per_request"] for k in reports)
-    assert sampled < eos
+    # Which requests finish inside the one-second window depends on the machine's speed, so
+    # the mean output lengths of the two runs need not order; the rows' ends do.
+    eos, sampled = (reports[k]["rows"][0] for k in reports)
+    assert eos["stopped_requests"] == 0
+    assert sampled["stopped_requests"] > 0
