@@ -205,13 +205,13 @@ def test_probes_run_hymt_health_and_prestop_runs_the_drain(name: str) -> None:
 
 @pytest.mark.parametrize(("name", "gpus"), [("default", 1), ("init-hpa", 2), ("kserve", 1)])
 def test_the_workers_are_the_gpu_limit_times_workers_per_gpu(name: str, gpus: int) -> None:
-    """Two workers per GPU, as the gpu profile (they share the GPU's engine process)."""
+    """Three workers per GPU, as the gpu profile (they share the GPU's engine process)."""
     container = server_container(name)
     env = {item["name"]: item.get("value") for item in container["env"]}
     assert container["resources"]["limits"]["nvidia.com/gpu"] == gpus
-    assert env["HYMT_WORKERS"] == str(2 * gpus)
+    assert env["HYMT_WORKERS"] == str(3 * gpus)
     profile = yaml.safe_load((REPO / "configs/model-config-gpu.yaml").read_text())
-    assert profile["minWorkers"] == profile["maxWorkers"] == 2
+    assert profile["minWorkers"] == profile["maxWorkers"] == 3
     assert profile["handler"]["share_engine"] is True
 
 
