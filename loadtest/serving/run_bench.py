@@ -184,16 +184,18 @@ def measure_levels(
     sampler: GpuSampler,
     processes: int = 1,
     cpu: CpuSnapshot | None = None,
+    timeout: float = 600.0,
 ) -> list[dict[str, Any]]:
     """One row per user count, labelled with ``labels`` (system, mode, gpus); each row is also
     printed as one JSON line (``report_from_logs`` rebuilds a report from those lines). With
     ``cpu``, each row says how much CPU time per request TorchServe's front end, its workers
-    and their engine processes spent (:mod:`cpu_split`)."""
+    and their engine processes spent (:mod:`cpu_split`). A request unanswered after
+    ``timeout`` seconds counts as an error."""
     rows = []
     for count in users:
         start = time.monotonic()
         before = cpu() if cpu is not None else None
-        stats = run_closed_loop(make_job, count, duration, processes=processes)
+        stats = run_closed_loop(make_job, count, duration, timeout=timeout, processes=processes)
         if cpu is not None and before is not None:
             stats.update(per_request(before, cpu(), stats["requests"]))
         stats.update(sampler.window(start, time.monotonic()), **labels, client_processes=processes)
@@ -223,7 +225,7 @@ def bench_torchserve(
     """One worker per GPU (TorchServe assigns GPUs to workers round robin), or K sharing its
     engine process with ``+sharedK``."""
     from hymt_serve.ops.archive import build_archive
-    from hymt_serve.ops.launcher import start, stop, wait_ready
+    from hymt_serve.ops.launcher import log_excerpt, start, stop, wait_ready
 
     profile = "cpu" if args.tiny else "gpu"
     template = REPO / f"configs/model-config-{profile}.yaml"
@@ -292,8 +294,12 @@ def bench_torchserve(
         pid = server.pid()
         cpu = cpu_snapshot(pid) if pid is not None else None
         rows = measure_levels(
-            labels, make_job, args.users, args.duration, sampler, args.client_processes, cpu
-        )
+            labels, make_job, args.users, args.duration, sampler, args.client_processes, cpu,
+            timeout=args.request_timeout,
+        )  # fmt: skip
+        if any(row["errors"] for row in rows):  # what TorchServe logged, beside the report
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"errors-{mode}-{gpus}.log").write_text(log_excerpt(server, 200) + "\n")
         (work / f"describe-{mode}-{gpus}.json").write_text(describe(server))
         return rows, cold
     finally:
@@ -456,6 +462,14 @@ def main() -> None:
         "--naive-users", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32]
     )
     parser.add_argument("--duration", type=float, default=12.0)
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a request to TorchServe may take before it counts as an error (the naive "
+        "server's queue is what it measures: its requests may take 600); a level with errors "
+        "saves the end of TorchServe's logs as errors-MODE-GPUS.log in --out",
+    )
     parser.add_argument(
         "--gpus",
         type=lambda s: [int(x) for x in s.split(",")],
