@@ -117,3 +117,50 @@ def test_the_kernels_compute_the_reference_product_in_triton_s_interpreter() -> 
     assert len(results) == 2 * (2 * 3 * 2 + 2 * 3)  # forms x (small cases x configs x splits...)
     worst = max(results, key=lambda r: r[-1])
     assert worst[-1] < 1e-5, worst  # fp32 accumulation of fp16 inputs
+
+
+# The kernels inside a compiled function with a dynamic batch, as the engine's step functions
+# run them, counting the graphs dynamo builds for 1, 2-16 and more rows.
+COMPILED_GRAPHS = textwrap.dedent(
+    """
+    import torch.nn.functional as F
+    from hymt_serve.engine import weight_only as wo
+    from hymt_serve.engine.quantized import QUANTIZERS
+
+    wo.kernel_available = lambda x: True  # the interpreter runs the kernels on CPU tensors
+    found = {}
+    for form in ("int8", "int4"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        q, scale = QUANTIZERS[form](torch.randn(96, 256) * 0.02)
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        def project(x):
+            return F.silu(wo.linear(x, q, scale)) + 1
+
+        compiled = torch.compile(project, backend=backend, fullgraph=True)
+        worst = 0.0
+        for rows in (1, 2, 5, 16, 17, 40):
+            x = torch.randn(rows, 256).half()
+            if rows > 1:
+                torch._dynamo.maybe_mark_dynamic(x, 0)
+            got = compiled(x).float()
+            want = F.silu(wo.reference(x.float(), q, scale)) + 1
+            worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
+        found[form] = [len(graphs), worst]
+    print(json.dumps(found))
+    """
+)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_int8_compiles_the_graphs_bf16_does_with_a_dynamic_batch() -> None:
+    """int8's split of the input does not depend on the rows, so one graph serves every batch
+    above 1 (as for bf16); int4 has one more, for the rows above 16 that it widens."""
+    found = run_interpreted(COMPILED_GRAPHS, timeout=600)
+    assert found["int8"][0] == 2 and found["int4"][0] == 3, found
+    assert max(found["int8"][1], found["int4"][1]) < 5e-3, found  # fp16 output rounding

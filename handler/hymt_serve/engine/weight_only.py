@@ -187,6 +187,17 @@ def splits_for(weight: Tensor, config: Config) -> int:
     return splits
 
 
+def splits_of(kind: int, weight: Tensor, rows: int) -> int:
+    """The split of the input dimension the product of ``rows`` rows runs with. int8's does
+    not depend on the rows (the few-rows tiles': for a 7B's projections and head the same as
+    the many-rows tiles' would be), so a step compiled with a symbolic batch needs no guard on
+    it and int8 compiles the graphs bf16 does (batch 1, every other); the kernel's tiles are
+    picked inside the op. int4 widens above 16 rows anyway (a branch of its own)."""
+    if kind == INT8:
+        return splits_for(weight, FEW_ROWS_CONFIGS[INT8])
+    return splits_for(weight, config_for(kind, rows))
+
+
 def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """``x @ dequantize(weight, scale).T`` in ``x``'s dtype: the kernel on CUDA, else the
     reference. Inside a compiled function the scale and the sum over splits fuse into the
@@ -197,7 +208,7 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
         return reference(x, weight, scale)  # (the kernel takes int4 groups of 128 inputs or more)
     if kind == INT4 and x.shape[0] > FEW_ROWS:
         return widened(x, weight, scale)
-    splits = splits_for(weight, config_for(kind, x.shape[0]))
+    splits = splits_of(kind, weight, x.shape[0])
     group = in_features(weight) // scale.shape[1] if kind == INT4 else 0
     parts: Tensor = torch.ops.hymt.weight_only(x.contiguous(), weight, scale, kind, group, splits)
     out = parts.sum(0) if splits > 1 else parts[0]
