@@ -32,6 +32,7 @@ import yaml
 from client import Job, run_closed_loop, send
 from cpu_split import CpuSnapshot, cpu_snapshot, per_request
 from flops import bf16_matmul_rate, flops_per_token, utilisation
+from latency_split import MetricsSnapshot, metrics_snapshot, split
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "hunyuan-mt"
@@ -185,23 +186,41 @@ def measure_levels(
     processes: int = 1,
     cpu: CpuSnapshot | None = None,
     timeout: float = 600.0,
+    metrics: MetricsSnapshot | None = None,
 ) -> list[dict[str, Any]]:
     """One row per user count, labelled with ``labels`` (system, mode, gpus); each row is also
     printed as one JSON line (``report_from_logs`` rebuilds a report from those lines). With
     ``cpu``, each row says how much CPU time per request TorchServe's front end, its workers
     and their engine processes spent (:mod:`cpu_split`). A request unanswered after
-    ``timeout`` seconds counts as an error."""
+    ``timeout`` seconds counts as an error. With ``metrics`` (TorchServe's metrics port), each
+    row also splits the mean latency around the front end and the engine
+    (:mod:`latency_split`)."""
     rows = []
     for count in users:
         start = time.monotonic()
         before = cpu() if cpu is not None else None
+        counted = _read(metrics)
         stats = run_closed_loop(make_job, count, duration, timeout=timeout, processes=processes)
         if cpu is not None and before is not None:
             stats.update(per_request(before, cpu(), stats["requests"]))
+        now = _read(metrics)
+        if counted is not None and now is not None:
+            stats.update(split(counted, now, stats["mean_ms"]))
         stats.update(sampler.window(start, time.monotonic()), **labels, client_processes=processes)
         print(json.dumps(stats), flush=True)
         rows.append(stats)
     return rows
+
+
+def _read(metrics: MetricsSnapshot | None) -> dict[str, float] | None:
+    """The metrics' sums now; None without a metrics port or when it does not answer."""
+    if metrics is None:
+        return None
+    try:
+        return metrics()
+    except OSError as error:
+        print(json.dumps({"metrics_unreadable": f"{type(error).__name__}: {error}"}), flush=True)
+        return None
 
 
 def wait_first_success(job: Job, started: float, timeout: float = 300) -> float:
@@ -295,7 +314,7 @@ def bench_torchserve(
         cpu = cpu_snapshot(pid) if pid is not None else None
         rows = measure_levels(
             labels, make_job, args.users, args.duration, sampler, args.client_processes, cpu,
-            timeout=args.request_timeout,
+            timeout=args.request_timeout, metrics=metrics_snapshot(server.metrics_url()),
         )  # fmt: skip
         if any(row["errors"] for row in rows):  # what TorchServe logged, beside the report
             args.out.mkdir(parents=True, exist_ok=True)
