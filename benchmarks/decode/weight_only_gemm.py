@@ -87,7 +87,7 @@ def tinygemm_pass(xs: list[torch.Tensor], forms: list[Forms]) -> None:
 def candidates(kind: int, rows: int) -> list[wo.Config]:
     if rows == 1:  # the one-row kernel, and the tiled kernel's best for a few rows
         block_ks = (128,) if kind == wo.INT4 else (64, 128, 256)
-        grid = itertools.product((32, 64, 128, 256), block_ks, (4, 8), (3,), (264, 528))
+        grid = itertools.product((32, 64, 128, 256), block_ks, (2, 4, 8), (3,), (264, 528, 1056))
         ours = [wo.Config(1, n, k, warps, stages, p) for n, k, warps, stages, p in grid]
         return [*ours, wo.FEW_ROWS_CONFIGS[kind]]
     if rows <= wo.FEW_ROWS:
