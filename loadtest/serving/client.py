@@ -4,11 +4,14 @@ Each of ``users`` threads sends a request, waits for the answer, and sends the n
 fixed time. Requests still running at the end are waited for and counted with their real
 latency; requests/s counts completions over the whole time. With ``processes > 1`` the users
 are split over that many forked processes, so that the client's own Python (one interpreter
-lock per process) does not cap what a fast server can be shown to do.
+lock per process) does not cap what a fast server can be shown to do. By default each request
+opens its own connection (urllib); ``keep_alive`` gives each user one HTTP/1.1 connection for
+all its requests, as a client with a connection pool has.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import multiprocessing
 import random
@@ -16,6 +19,7 @@ import statistics
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -61,8 +65,73 @@ def send(job: Job, timeout: float) -> tuple[tuple[int, int], str | None]:
         return (0, 0), f"HTTP {exc.code}: {exc.read()[:200]!r}"
     except (OSError, ValueError) as exc:
         return (0, 0), f"{type(exc).__name__}: {exc}"
+    return _counted(answer, expected), None
+
+
+def _counted(answer: dict[str, Any], expected: int) -> tuple[int, int]:
     usage = answer.get("usage", answer)
-    return (int(usage.get("output_tokens", expected)), int(usage.get("input_tokens", 0))), None
+    return int(usage.get("output_tokens", expected)), int(usage.get("input_tokens", 0))
+
+
+class KeptAlive:
+    """One user's connection, kept open between its requests and opened again after an
+    error. A request on a reused connection that the server had closed meanwhile is sent
+    once more on a new one (as connection pools do); any other failure is the request's."""
+
+    def __init__(self) -> None:
+        self.connection: http.client.HTTPConnection | None = None
+
+    def send(self, job: Job, timeout: float) -> tuple[tuple[int, int], str | None]:
+        url, body, headers, expected = job
+        request = (urllib.parse.urlsplit(url), json.dumps(body).encode(), headers, timeout)
+        reused = self.connection is not None
+        try:
+            try:
+                status, payload = self._post(*request)
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                if not reused:
+                    raise
+                status, payload = self._post(*request)  # closed while idle: on a new one
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            return (0, 0), f"{type(exc).__name__}: {exc}"
+        if status >= 400:
+            return (0, 0), f"HTTP {status}: {payload[:200]!r}"
+        try:
+            return _counted(json.loads(payload), expected), None
+        except ValueError as exc:
+            return (0, 0), f"{type(exc).__name__}: {exc}"
+
+    def _post(
+        self,
+        target: urllib.parse.SplitResult,
+        data: bytes,
+        headers: dict[str, str],
+        timeout: float,
+    ) -> tuple[int, bytes]:
+        if self.connection is None:
+            host = target.hostname or "127.0.0.1"
+            self.connection = http.client.HTTPConnection(host, target.port, timeout=timeout)
+        try:
+            self.connection.request(
+                "POST",
+                target.path,
+                body=data,
+                headers={"Content-Type": "application/json", **headers},
+            )
+            response = self.connection.getresponse()
+            payload = response.read()
+        except BaseException:
+            self.close()
+            raise
+        if response.will_close:
+            self.close()
+        return response.status, payload
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
 
 
 def run_closed_loop(
@@ -72,15 +141,16 @@ def run_closed_loop(
     timeout: float = 600.0,
     seed: int = 0,
     processes: int = 1,
+    keep_alive: bool = False,
 ) -> dict[str, Any]:
     """Drive ``users`` closed-loop clients for ``duration_s``; summary statistics."""
     started = time.monotonic()
     stop_at = started + duration_s
     processes = max(1, min(processes, users))
     if processes == 1:
-        outcome = _run_users(make_job, range(users), stop_at, timeout, seed)
+        outcome = _run_users(make_job, range(users), stop_at, timeout, seed, keep_alive)
     else:
-        outcome = _run_forked(make_job, users, stop_at, timeout, seed, processes)
+        outcome = _run_forked(make_job, users, stop_at, timeout, seed, processes, keep_alive)
     return summarise(outcome, users, time.monotonic() - started)
 
 
@@ -90,16 +160,20 @@ def _run_users(
     stop_at: float,
     timeout: float,
     seed: int,
+    keep_alive: bool = False,
 ) -> Outcome:
     outcome = Outcome()
 
     def user(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
+        kept = KeptAlive() if keep_alive else None
         while time.monotonic() < stop_at:
             job = make_job(rng)
             started = time.perf_counter()
-            tokens, error = send(job, timeout)
+            tokens, error = kept.send(job, timeout) if kept else send(job, timeout)
             outcome.add((time.perf_counter() - started) * 1000, tokens, error)
+        if kept is not None:
+            kept.close()
 
     threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in indices]
     for thread in threads:
@@ -116,6 +190,7 @@ def _run_forked(
     timeout: float,
     seed: int,
     processes: int,
+    keep_alive: bool = False,
 ) -> Outcome:
     """The users split over forked processes (fork: ``make_job`` may be a closure); each sends
     back its latencies, tokens and errors."""
@@ -123,7 +198,7 @@ def _run_forked(
     results = context.Queue()
 
     def child(indices: Sequence[int]) -> None:
-        done = _run_users(make_job, indices, stop_at, timeout, seed)
+        done = _run_users(make_job, indices, stop_at, timeout, seed, keep_alive)
         results.put(
             (done.latencies_ms, done.output_tokens, done.prompt_tokens, done.errors,
              done.error_samples)

@@ -187,6 +187,7 @@ def measure_levels(
     cpu: CpuSnapshot | None = None,
     timeout: float = 600.0,
     metrics: MetricsSnapshot | None = None,
+    keep_alive: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per user count, labelled with ``labels`` (system, mode, gpus); each row is also
     printed as one JSON line (``report_from_logs`` rebuilds a report from those lines). With
@@ -200,13 +201,16 @@ def measure_levels(
         start = time.monotonic()
         before = cpu() if cpu is not None else None
         counted = _read(metrics)
-        stats = run_closed_loop(make_job, count, duration, timeout=timeout, processes=processes)
+        stats = run_closed_loop(
+            make_job, count, duration, timeout=timeout, processes=processes, keep_alive=keep_alive
+        )
         if cpu is not None and before is not None:
             stats.update(per_request(before, cpu(), stats["requests"]))
         now = _read(metrics)
         if counted is not None and now is not None:
             stats.update(split(counted, now, stats["mean_ms"]))
         stats.update(sampler.window(start, time.monotonic()), **labels, client_processes=processes)
+        stats["keep_alive"] = keep_alive
         print(json.dumps(stats), flush=True)
         rows.append(stats)
     return rows
@@ -315,6 +319,7 @@ def bench_torchserve(
         rows = measure_levels(
             labels, make_job, args.users, args.duration, sampler, args.client_processes, cpu,
             timeout=args.request_timeout, metrics=metrics_snapshot(server.metrics_url()),
+            keep_alive=args.keep_alive,
         )  # fmt: skip
         if any(row["errors"] for row in rows):  # what TorchServe logged, beside the report
             args.out.mkdir(parents=True, exist_ok=True)
@@ -488,6 +493,12 @@ def main() -> None:
         help="seconds a request to TorchServe may take before it counts as an error (the naive "
         "server's queue is what it measures: its requests may take 600); a level with errors "
         "saves the end of TorchServe's logs as errors-MODE-GPUS.log in --out",
+    )
+    parser.add_argument(
+        "--keep-alive",
+        action="store_true",
+        help="each user keeps one connection to TorchServe for all its requests (a client with "
+        "a connection pool); by default every request opens its own",
     )
     parser.add_argument(
         "--gpus",
