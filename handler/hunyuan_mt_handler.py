@@ -86,7 +86,7 @@ class HunyuanMTHandler:
             )
         else:  # the engine steps on this thread while a batch is handled
             engine = load_engine(settings, properties.get("gpu_id"))
-        recorder = TorchServeRecorder(context.metrics, context.model_name)
+        recorder = TorchServeRecorder(context.metrics, context.model_name, coalesce=self.async_mode)
         recorder.engine_info(engine.describe())
         self.service = TranslationService(engine, settings, recorder)
         self.context = context

@@ -3,12 +3,21 @@
 TorchServe exports a model metric only when ``metrics.yaml`` (``metrics_config``) lists it under
 ``model_metrics``; ``configs/metrics.yaml`` does, and a unit test keeps it equal to
 :data:`DECLARED`. Latencies are in seconds because Prometheus histograms use its default buckets.
+
+Every update is a line the worker prints for the front end to parse. In async mode the
+counters and gauges are coalesced on the worker's event loop and sent at most once every
+:data:`FLUSH_S` seconds (sums and last values); histogram observations still go out one by one.
+On the CPU machine that cut the worker's CPU per request to 0.81 x and the front end's to
+0.73 x at 32 users (benchmarks/serving/path/coalesced_metrics/).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+FLUSH_S = 1.0  # async mode: counters and gauges reach TorchServe at most this much later
 
 BASE_DIMENSIONS = ("ModelName", "Level")
 ENGINE_DIMENSIONS = ("Engine", "Attention", "Dtype", "Device", "Quantization")
@@ -76,17 +85,42 @@ def _registered(cache: Any, spec: MetricSpec, kind: Any) -> Any:
 
 
 class TorchServeRecorder:
-    """Sends metrics through TorchServe's metric cache (``context.metrics``)."""
+    """Sends metrics through TorchServe's metric cache (``context.metrics``). With
+    ``coalesce``, counters and gauges updated on a running event loop are summed (counters)
+    or replaced (gauges) there and sent by one timer on that loop, :data:`FLUSH_S` after the
+    first pending update: no thread of its own. Elsewhere every update is sent at once."""
 
-    def __init__(self, cache: Any, model_name: str) -> None:
+    def __init__(self, cache: Any, model_name: str, *, coalesce: bool = False) -> None:
         from ts.metrics.metric_type_enum import MetricTypes
 
         self._model = model_name
         self._metrics = {
             spec.name: _registered(cache, spec, MetricTypes(spec.kind)) for spec in DECLARED
         }
+        self._kinds = {spec.name: spec.kind for spec in DECLARED}
+        self._coalesce = coalesce
+        self._pending: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._flush: asyncio.TimerHandle | None = None
 
     def _emit(self, name: str, value: float, *extra: str) -> None:
+        kind = self._kinds[name]
+        loop = _running_loop() if self._coalesce and kind != "histogram" else None
+        if loop is None:
+            self._send(name, value, extra)
+            return
+        key = (name, extra)
+        self._pending[key] = self._pending.get(key, 0) + value if kind == "counter" else value
+        if self._flush is None:
+            self._flush = loop.call_later(FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        """Send the coalesced counters and gauges now."""
+        self._flush = None
+        pending, self._pending = self._pending, {}
+        for (name, extra), value in pending.items():
+            self._send(name, value, extra)
+
+    def _send(self, name: str, value: float, extra: tuple[str, ...]) -> None:
         self._metrics[name].add_or_update(value, [self._model, "Model", *extra])
 
     def engine_info(self, info: dict[str, str]) -> None:
@@ -112,3 +146,10 @@ class TorchServeRecorder:
         self._emit("hymt_output_tokens_total", output_tokens)
         if seconds > 0:
             self._emit("hymt_output_tokens_per_second", output_tokens / seconds)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # batch mode: the handler runs on TorchServe's worker thread
+        return None
