@@ -16,7 +16,7 @@ fi
 rm -f "$home/run/tmp/.model_server.pid"
 
 # HYMT_WORKERS (the Helm chart sets it to the pod's GPUs x workersPerGpu) overrides the
-# profile's minWorkers/maxWorkers (the gpu profile: 2, sharing one GPU's engine process).
+# profile's minWorkers/maxWorkers (the gpu profile: 3, sharing one GPU's engine process).
 hymt archive --model-path "$model_path" --profile "${HYMT_PROFILE:-gpu}" \
     --export-path "$home/model_store" \
     ${HYMT_WORKERS:+--set "minWorkers=$HYMT_WORKERS" --set "maxWorkers=$HYMT_WORKERS"}
