@@ -54,11 +54,14 @@ class _Translate(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keeps connections open unless told otherwise
     close_each = False  # say "Connection: close" on each reply
     drop_each = False  # close each connection after its reply without saying so
-    connections: ClassVar[set[int]] = set()
+    connections: ClassVar[list[int]] = []  # one entry per accepted connection
+
+    def setup(self) -> None:  # the server makes one handler per connection
+        super().setup()
+        type(self).connections.append(1)
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).connections.add(id(self.connection))
         body = json.dumps({"translation": "x", "usage": {"output_tokens": 3}}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -80,7 +83,7 @@ class _Translate(BaseHTTPRequestHandler):
 def test_a_kept_alive_user_reuses_its_connection_and_survives_closes(
     close_each: bool, drop_each: bool
 ) -> None:
-    settings = {"close_each": close_each, "drop_each": drop_each, "connections": set()}
+    settings = {"close_each": close_each, "drop_each": drop_each, "connections": []}
     handler = type("Handler", (_Translate,), settings)
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
