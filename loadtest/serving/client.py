@@ -92,8 +92,7 @@ class KeptAlive:
                 if not reused:
                     raise
                 status, payload = self._post(*request)  # closed while idle: on a new one
-        except (OSError, http.client.HTTPException) as exc:
-            self.close()
+        except (OSError, http.client.HTTPException) as exc:  # (_post closed the connection)
             return (0, 0), f"{type(exc).__name__}: {exc}"
         if status >= 400:
             return (0, 0), f"HTTP {status}: {payload[:200]!r}"
