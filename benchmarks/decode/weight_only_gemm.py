@@ -3,11 +3,16 @@ down; CUDA graph) per token count: bf16, FP8 on ``torch._scaled_mm``, the weight
 (``hymt_serve.engine.weight_only``) for int8 and int4 weights, and torch's int4 tinygemm;
 first a sweep of the kernels' tiles at 1, 8 and 64 rows (one count per row class).
 
+``--dense`` asks whether the kernel would beat cuBLAS on plain bf16 weights at one row (a decode
+step at batch 1): its int8 path, which applies no scale, swept over tiles on the bf16
+projections, then the best against ``F.linear`` on the projections and on the LM head.
+
 A program, not a test: it chooses ``ONE_ROW_CONFIGS``, ``FEW_ROWS_CONFIGS`` and
 ``MANY_ROWS_CONFIGS``, and uses the winners for its table. Writes ``weight_only_gemm.json``
 to ``--out`` (``bench_decode.py --weight-only-configs`` takes its tiles).
 
     PYTHONPATH=handler python benchmarks/decode/weight_only_gemm.py --out DIR
+    cd benchmarks/decode && PYTHONPATH=../../handler python weight_only_gemm.py --out DIR --dense
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from hymt_serve.engine.quantized import FP8, quantize_int8_rows, quantize_tensor
 
 Forms = list[tuple[torch.Tensor, torch.Tensor]]
 KINDS = {"int8": wo.INT8, "int4": wo.INT4}
+HEAD = (128256, 4096)  # the LM head, read once a step too
 COPIES = 4  # distinct weights per pass, so that even int4's (4 x 109 MB) cannot sit in L2
 
 
@@ -99,6 +105,45 @@ def candidates(kind: int, rows: int) -> list[wo.Config]:
     return [wo.Config(0, n, k, warps, stages, p) for n, k, warps, stages, p in grid]
 
 
+def dense_candidates() -> list[wo.Config]:
+    """Tiles for bf16 weights at one row: twice int8's bytes per tile, so deeper ones too."""
+    tiled = itertools.product((32, 64, 128), (256, 512), (4, 8), (3, 4), (264, 528))
+    one_row = itertools.product((64, 128), (64, 128), (4, 8), (3,), (528, 1056))
+    return [wo.Config(16, *c) for c in tiled] + [wo.Config(1, *c) for c in one_row]
+
+
+def dense(out: Path, dense_weights: list[list[torch.Tensor]]) -> None:
+    """``--dense``: the kernel's int8 path over bf16 weights at one row against cuBLAS."""
+    xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _, k in SHAPES]
+    forms = [[(w, w.new_empty(0)) for w in copy] for copy in dense_weights]
+    found = []
+    for config in dense_candidates():
+        try:
+            ms = timed_graph(partial(kernel_pass, xs, forms, wo.INT8, config))
+        except Exception as exc:  # a tile the compiler refuses is reported, not fatal
+            print(f"{config}: {exc!r:.200}", flush=True)
+            continue
+        found.append({"config": list(config), "ms": round(ms, 3)})
+    found.sort(key=lambda r: r["ms"])
+    best = wo.Config(*found[0]["config"])
+    head = torch.randn(HEAD, device="cuda", dtype=torch.bfloat16) * 0.02
+    splits = wo.splits_for(head, best)
+    none = head.new_empty(0)
+    row = {
+        "projections_cublas_ms": timed_graph(partial(bf16_pass, xs, dense_weights)),
+        "projections_kernel_ms": found[0]["ms"],
+        "head_cublas_ms": timed_graph(partial(F.linear, xs[0], head)),
+        "head_kernel_ms": timed_graph(
+            partial(wo.launch, xs[0], head, none, wo.INT8, 0, splits, best)
+        ),
+    }
+    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    report |= {"best": found[0]["config"], **{k: round(v, 3) for k, v in row.items()}}
+    print(json.dumps(report), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dense_one_row.json").write_text(json.dumps({**report, "sweep": found}, indent=2))
+
+
 def tables() -> dict[str, dict[int, wo.Config]]:
     return {
         "one_row": wo.ONE_ROW_CONFIGS,
@@ -142,18 +187,24 @@ def main() -> None:
         default=[1, 8, 64],
         help="sweep the tiles at these row counts (one per class: 1, 2-16, more)",
     )
+    parser.add_argument("--dense", action="store_true", help="bf16 weights at one row only")
     args = parser.parse_args()
     torch.manual_seed(0)
-    dense = [
+    dense_weights = [
         [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for n, k in SHAPES]
         for _ in range(COPIES)
     ]
+    if args.dense:
+        dense(args.out, dense_weights)
+        return
     quantizers = {
         "fp8": quantize_tensor,
         "int8": quantize_int8_rows,
         "int4": wo.quantize_int4_groups,
     }
-    forms = {name: [[q(w) for w in copy] for copy in dense] for name, q in quantizers.items()}
+    forms = {
+        name: [[q(w) for w in copy] for copy in dense_weights] for name, q in quantizers.items()
+    }
     swept: dict[str, list[dict[str, Any]]] = {}
     for (name, kind), rows in itertools.product(KINDS.items(), args.sweep_rows):
         table = tables()["one_row" if rows == 1 else "few_rows" if rows <= 16 else "many_rows"]
@@ -161,13 +212,13 @@ def main() -> None:
         print(name, rows, json.dumps(found[:5]), flush=True)
         if found:
             table[kind] = wo.Config(*found[0]["config"])
-    tiny_copies = [tinygemm_forms(copy) for copy in dense]
+    tiny_copies = [tinygemm_forms(copy) for copy in dense_weights]
     tiny = None if None in tiny_copies else tiny_copies
     rows = []
     for m in args.tokens:
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, k in SHAPES]
         runs: dict[str, Callable[[], None]] = {
-            "bf16": partial(bf16_pass, xs, dense),
+            "bf16": partial(bf16_pass, xs, dense_weights),
             "fp8_scaled_mm": partial(scaled_mm_pass, [x.to(FP8) for x in xs], forms["fp8"]),
         }
         for name, kind in KINDS.items():
