@@ -261,6 +261,12 @@ def _kernels() -> tuple[Any, Any]:
     return weight_only_kernel, one_row_kernel
 
 
+# Triton compiles a kernel once per class of each integer argument's value (1, a multiple of 16,
+# other) unless told not to. The row count is only compared with, so one compile per tile
+# config serves every batch and prompt length: an int8 + head engine's start compiled the
+# tiled kernel 4 times, against 9 with the rows specialised (benchmarks/decode/ready_time.py).
+ROWS_ARG = ["M"]
+
 # The kernels exist where Triton does (module level: jitted code finds its helpers by name).
 if triton is not None:
 
@@ -292,7 +298,7 @@ if triton is not None:
         bits = ((packed >> (4 * j)) & 0xF) | 0x4B000000
         return bits.to(tl.float32, bitcast=True) - (zero + 8388608.0)[None, :]
 
-    @triton.jit  # type: ignore[untyped-decorator]
+    @triton.jit(do_not_specialize=ROWS_ARG)  # type: ignore[untyped-decorator]
     def weight_only_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -337,7 +343,7 @@ if triton is not None:
         out = out_ptr + tl.program_id(1) * M * N + rows[:, None] * N + cols[None, :]
         tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
 
-    @triton.jit  # type: ignore[untyped-decorator]
+    @triton.jit(do_not_specialize=ROWS_ARG)  # type: ignore[untyped-decorator]
     def one_row_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
