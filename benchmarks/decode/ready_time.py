@@ -6,7 +6,9 @@ graphs). Inside one process, later builds reuse inductor's and Triton's caches, 
 runs here in its own process with its own empty cache folders (what a new server on a new
 machine pays), with the GPU profile's sizes (128 rows of 1,024 + 512 tokens). The 7B-shaped
 random-weight folder is written first when ``--checkpoint`` does not exist yet (and its FP8
-checkpoint for ``fp8-checkpoint``). Writes ``ready.json`` and ``ready.md`` to ``--out``.
+checkpoint for ``fp8-checkpoint``). Each row also counts the kernels Triton compiled (inductor's,
+and ours by name: every specialisation is a compile). Writes ``ready.json`` and ``ready.md`` to
+``--out``.
 
     PYTHONPATH=handler python benchmarks/decode/ready_time.py --out DIR --forms none fp8 int8
 """
@@ -117,10 +119,22 @@ def run_fresh(checkpoint: Path, form: str) -> dict[str, Any]:
         }
         command = [sys.executable, __file__, "--one", form, "--checkpoint", str(checkpoint)]
         done = subprocess.run(command, env=environ, capture_output=True, text=True, check=False)
+        compiled = triton_compiles(Path(caches) / "triton")
     if done.returncode != 0:
         return {"form": form, "error": done.stderr[-2000:]}
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return {**result, **compiled}
+
+
+def triton_compiles(cache: Path) -> dict[str, Any]:
+    """How many kernels Triton compiled into ``cache``: inductor's generated ones, and ours by
+    name (each specialisation of a kernel is a compile of its own)."""
+    names = [path.stem for path in cache.glob("*/*.cubin")]
+    ours: dict[str, int] = {}
+    for name in names:
+        if not name.startswith("triton_"):
+            ours[name] = ours.get(name, 0) + 1
+    return {"inductor_kernels": len(names) - sum(ours.values()), "our_kernels": ours}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -131,17 +145,18 @@ def markdown(report: dict[str, Any]) -> str:
         f"`{report['command']}`: each form in its own process with empty compile caches; "
         f"{ROWS} rows of {INPUT_TOKENS} + {NEW_TOKENS} tokens (the GPU profile).",
         "",
-        "| form | weights GB | load s | build s | ready s | x bf16 |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| form | weights GB | load s | build s | ready s | x bf16 | Triton kernels compiled |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for row in report["rows"]:
         if "error" in row:
             lines.append(f"| {row['form']} | failed: see ready.json | | | | |")
             continue
         ratio = f"{row['ready_s'] / bf16:.2f}" if bf16 else ""
+        ours = ", ".join(f"{k} {v}" for k, v in sorted(row.get("our_kernels", {}).items()))
         lines.append(
             f"| {row['form']} | {row['weight_gb']} | {row['load_s']} | {row['build_s']} "
-            f"| {row['ready_s']} | {ratio} |"
+            f"| {row['ready_s']} | {ratio} | {row.get('inductor_kernels', '')}; {ours} |"
         )
     return "\n".join(lines) + "\n"
 
