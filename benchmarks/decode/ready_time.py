@@ -150,7 +150,7 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for row in report["rows"]:
         if "error" in row:
-            lines.append(f"| {row['form']} | failed: see ready.json | | | | |")
+            lines.append(f"| {row['form']} | failed: see ready.json | | | | | |")
             continue
         ratio = f"{row['ready_s'] / bf16:.2f}" if bf16 else ""
         ours = ", ".join(f"{k} {v}" for k, v in sorted(row.get("our_kernels", {}).items()))

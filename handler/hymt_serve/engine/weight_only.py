@@ -264,7 +264,8 @@ def _kernels() -> tuple[Any, Any]:
 # Triton compiles a kernel once per class of each integer argument's value (1, a multiple of 16,
 # other) unless told not to. The row count is only compared with, so one compile per tile
 # config serves every batch and prompt length: an int8 + head engine's start compiled the
-# tiled kernel 4 times, against 9 with the rows specialised (benchmarks/decode/ready_time.py).
+# tiled kernel 4 times, against 9 with the rows specialised
+# (benchmarks/decode/quantized/ready-compiles/).
 ROWS_ARG = ["M"]
 
 # The kernels exist where Triton does (module level: jitted code finds its helpers by name).
