@@ -209,8 +209,10 @@ def measure_levels(
         now = _read(metrics)
         if counted is not None and now is not None:
             stats.update(split(counted, now, stats["mean_ms"]))
-        stats.update(sampler.window(start, time.monotonic()), **labels, client_processes=processes)
-        stats["keep_alive"] = keep_alive
+        stats.update(
+            sampler.window(start, time.monotonic()), **labels, client_processes=processes,
+            keep_alive=keep_alive,
+        )  # fmt: skip
         print(json.dumps(stats), flush=True)
         rows.append(stats)
     return rows
