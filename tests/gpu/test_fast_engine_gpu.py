@@ -20,7 +20,7 @@ from hymt_serve.engine.inputs import PackedPrompts, packed_layout
 from hymt_serve.engine.model import packed_attention
 from hymt_serve.engine.runner import FastRunner
 from hymt_serve.engine.scheduler import Scheduler
-from hymt_serve.engine.types import GenerationResult, GenerationRow
+from hymt_serve.engine.types import GenerationResult, GenerationRow, SamplingParams
 from hymt_serve.ops.tiny_model import random_7b_model
 
 pytestmark = [
@@ -278,6 +278,28 @@ def test_greedy_tokens_agree_with_transformers(model: PreTrainedModel, fast: Fas
     for prompt, (ours, reason) in zip(PROMPTS, results, strict=True):
         assert reason == "length" and len(ours) == NEW_TOKENS
         assert_agrees(model, prompt, ours, hf_greedy(model, prompt, NEW_TOKENS))
+
+
+def test_recorded_graphs_give_the_plain_steps_tokens(fast: FastRunner) -> None:
+    """The greedy batch's graphs (step, recording and feeding back in one replay) against the
+    plain step's graph and sampling outside it (a top_k 1 row in the batch): the same tokens,
+    bit for bit, since both replay the same kernels for the logits."""
+    assert fast.describe()["recorded_graphs"] == len(fast.buckets)
+    rows = [GenerationRow(p, NEW_TOKENS) for p in PROMPTS]
+    recorded = Scheduler(fast, (), lambda t, f: GenerationResult("", tuple(t), f), max_seq_len=256)
+    futures = [recorded.submit(row) for row in rows]
+    recorded.run(futures)
+    assert recorded.stats["recorded_steps"] > 0
+    sampled = GenerationRow(
+        PROMPTS[0], NEW_TOKENS + 4, SamplingParams(top_k=1, repetition_penalty=1.0)
+    )
+    plain = Scheduler(fast, (), lambda t, f: GenerationResult("", tuple(t), f), max_seq_len=256)
+    others = [plain.submit(row) for row in [sampled, *rows[1:]]]
+    plain.run(others)
+    assert plain.stats["recorded_steps"] == 0
+    ours = [f.result().token_ids for f in futures]
+    theirs = [f.result().token_ids for f in others]
+    assert ours[1:] == theirs[1:] and ours[0] == theirs[0][:NEW_TOKENS]
 
 
 def test_continuous_batching_agrees_with_transformers(

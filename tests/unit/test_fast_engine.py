@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runner_helpers import generate, teacher_forced_logits
+from runner_helpers import generate, scheduler_for, teacher_forced_logits
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
@@ -97,6 +97,27 @@ def test_stops_at_stop_token(model: PreTrainedModel, fast: FastRunner) -> None:
         assert (other, other_reason) == (expected[: expected.index(stop)], "stop")
     else:
         assert (other, other_reason) == (expected, "length")
+
+
+def test_greedy_batches_record_in_the_step_and_sampled_ones_do_not(fast: FastRunner) -> None:
+    """A batch of greedy rows takes the runner's recorded steps; one sampled row (top_k 1, so
+    still greedy in effect) sends the batch through the plain step and sampling: same tokens."""
+    recorded = scheduler_for(fast)
+    futures = [recorded.submit(row) for row in greedy_rows()]
+    recorded.run(futures)
+    stats = recorded.stats
+    assert stats["recorded_steps"] > 0
+    assert stats["recorded_steps"] == stats["steps"] - stats["mixed_steps"]
+    # The longest row, so that every decode step has it.
+    one_sampled = [
+        GenerationRow(PROMPTS[0], MAX_NEW[0], SamplingParams(top_k=1, repetition_penalty=1.0))
+    ]
+    one_sampled += greedy_rows()[1:]
+    plain = scheduler_for(fast)
+    others = [plain.submit(row) for row in one_sampled]
+    plain.run(others)
+    assert plain.stats["recorded_steps"] == 0 and plain.stats["steps"] > 0
+    assert [f.result().token_ids for f in futures] == [f.result().token_ids for f in others]
 
 
 def test_batches_larger_than_max_batch_size_are_split(model: PreTrainedModel) -> None:

@@ -26,7 +26,13 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from hymt_serve.engine.sampling import RowSampling, SlotSampling, record_tokens, sample_next
+from hymt_serve.engine.sampling import (
+    RowSampling,
+    SlotSampling,
+    greedy_tokens,
+    record_tokens,
+    sample_next,
+)
 from hymt_serve.engine.types import GenerationRow, SamplingParams
 
 CPU = torch.device("cpu")
@@ -312,3 +318,16 @@ def test_reference_matches_closed_forms() -> None:
     manual[23] /= 2.0
     manual[2] *= 2.0
     assert torch.allclose(penalised, manual.double().softmax(-1), atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 63, 64, 65])
+@pytest.mark.parametrize("vocab", [512, 1000, 997, 128256])
+def test_greedy_tokens_are_argmax_ties_included(rows: int, vocab: int) -> None:
+    """The chunked argmax gives argmax's index, the first of tied maxima: logits drawn from a
+    few integers tie often, within a chunk and across chunks (997 is prime: one chunk)."""
+    generator = torch.Generator().manual_seed(rows * vocab)
+    logits = torch.randint(-3, 4, (rows, vocab), generator=generator).float()
+    logits[0, vocab - 1] = 9.0  # the last position wins in one row
+    assert torch.equal(greedy_tokens(logits), logits.argmax(-1))
+    spread = torch.randn(rows, vocab, generator=generator)
+    assert torch.equal(greedy_tokens(spread), spread.argmax(-1))

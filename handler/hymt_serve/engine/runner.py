@@ -9,14 +9,16 @@ Prefills are captured too, one graph per packed-token bucket (``PREFILL_BUCKETS`
 prompts that fits N tokens replays the N graph, so admitting rows costs the host one copy and
 one replay instead of hundreds of kernel launches. Longer prefills run eagerly. So are mixed
 steps (a decode step with prompt chunks riding in it), one graph per decode bucket and chunk
-bucket (``MIXED_BUCKETS``).
+bucket (``MIXED_BUCKETS``). A batch of greedy rows has one more graph per bucket: the decode
+step with the scheduler's recording of its tokens and their feeding back
+(:meth:`FastRunner.recorded_step`), so such a step is one replay and nothing else.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -121,6 +123,24 @@ class MixingRunner(Runner, Protocol):
         """These rows' prompts are complete in their slots."""
 
 
+# The scheduler's greedy recording of a decode step: (logits [B, V], the batch's slots [B]) ->
+# the next tokens [B]; device work only.
+Recorder = Callable[[Tensor, Tensor], Tensor]
+
+
+@runtime_checkable
+class RecordingRunner(Runner, Protocol):
+    """A runner whose decode step can also record its greedy tokens and feed them back in
+    (the fast engine's)."""
+
+    def record_with(self, recorder: Recorder) -> None:
+        """Greedy steps record with ``recorder`` from now on (CUDA: captured with the step)."""
+
+    def recorded_step(self) -> None:
+        """One decode step of a batch of greedy rows, recorded and fed back: :meth:`step`,
+        ``recorder(logits, slots)`` and :meth:`advance` in one."""
+
+
 def bucket_sizes(max_batch_size: int) -> tuple[int, ...]:
     """Powers of two up to ``max_batch_size`` (with 192, 384 and 768 above 128), and
     ``max_batch_size`` itself."""
@@ -170,6 +190,8 @@ class FastRunner(PackedPrefill):
         self.slots = torch.full_like(self.tokens, self.scratch_slot)
         self.fns = make_step_functions(shape, compile_=False)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.recorder: Recorder | None = None
+        self.recorded_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.setup_prefill(prefix_entries)
         self.mixed_tokens, self.mixed_keys, self.mixed_rows = mixed_tokens, MIXED_KEYS, MIXED_ROWS
         self.compiled = False
@@ -251,8 +273,54 @@ class FastRunner(PackedPrefill):
 
     def advance(self, next_tokens: Tensor) -> None:
         """Feed the sampled tokens to the next step."""
-        self.tokens[: self.bucket] = next_tokens
-        self.positions[: self.bucket] += 1
+        self._feed(next_tokens, self.bucket)
+
+    def _feed(self, next_tokens: Tensor, bucket: int) -> None:
+        self.tokens[:bucket] = next_tokens
+        self.positions[:bucket] += 1
+
+    def record_with(self, recorder: Recorder) -> None:
+        """Greedy steps record with ``recorder``; with CUDA graphs, one more per bucket holds
+        the step and the recording (captured now, with the batch empty)."""
+        self.recorder, self.recorded_graphs = recorder, {}
+        if not self.graphs:
+            return
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                self._capture_recorded()
+        except Exception:  # eager recording costs speed, not service
+            logger.exception(
+                "fast engine: recorded-step capture failed, greedy steps record eagerly"
+            )
+            self.recorded_graphs = {}
+        self.timings["recorded_capture_s"] = time.perf_counter() - start
+
+    def _capture_recorded(self) -> None:
+        self.clear()
+        with side_stream():
+            for bucket in reversed(self.buckets):
+                self._recorded_forward(bucket)
+        self.clear()  # the warm-up fed tokens to the padding positions
+        pool = torch.cuda.graph_pool_handle()
+        for bucket in reversed(self.buckets):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._recorded_forward(bucket)
+            self.recorded_graphs[bucket] = graph
+        torch.cuda.synchronize()
+
+    def recorded_step(self) -> None:
+        """One decode step of greedy rows, its tokens recorded and fed to the next step."""
+        graph = self.recorded_graphs.get(self.bucket)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._recorded_forward(self.bucket)
+
+    def _recorded_forward(self, bucket: int) -> None:
+        assert self.recorder is not None
+        self._feed(self.recorder(self._forward(bucket), self.slots[:bucket]), bucket)
 
     def describe(self) -> dict[str, object]:
         """What runs: buckets, graphs, attention kernel, cache size, timings."""
@@ -273,6 +341,7 @@ class FastRunner(PackedPrefill):
             "kv_cache_gb": round(self.kv_cache_bytes / 1e9, 3),
             "mixed_tokens": self.mixed_tokens,
             "mixed_graphs": len(self.mixed_graphs),
+            "recorded_graphs": len(self.recorded_graphs),
             **self.weights.describe(),
             **(self.prefixes.describe() if self.prefixes is not None else {"prefix_entries": 0}),
             **{k: round(v, 2) for k, v in self.timings.items()},

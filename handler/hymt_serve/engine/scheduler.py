@@ -43,7 +43,7 @@ from torch import Tensor
 from hymt_serve.engine.admission import Admission
 from hymt_serve.engine.inputs import to_device
 from hymt_serve.engine.jobs import Job, Readback, WaitingLine
-from hymt_serve.engine.runner import STEP_HEADROOM, MixingRunner, Runner
+from hymt_serve.engine.runner import STEP_HEADROOM, MixingRunner, RecordingRunner, Runner
 from hymt_serve.engine.slots import SlotState
 from hymt_serve.engine.types import (
     FinishReason,
@@ -65,11 +65,13 @@ assert SYNC_EVERY + 2 * LOOKAHEAD < STEP_HEADROOM
 # has waited this long. An idle engine admits at once.
 ADMIT_ROWS = 16
 ADMIT_WAIT_S = 0.02
-# What describe() counts; prefills: passes that carried prompt tokens (mixed steps: those
+# What describe() counts; recorded_steps: decode steps of greedy batches that recorded their
+# tokens in the runner's step; prefills: passes that carried prompt tokens (mixed steps: those
 # computed, without kept prefixes, in prefill_tokens); *_s: host seconds admitting (prefill_s:
 # its runner calls), stepping and collecting read-backs.
 COUNTERS = (
-    *("submitted", "rejected", "finished", "failed", "steps", "row_steps", "prefills"),
+    *("submitted", "rejected", "finished", "failed", "steps", "recorded_steps", "row_steps"),
+    "prefills",
     *("prefill_rows", "prefill_tokens", "mixed_steps", "readbacks", "readback_waits"),
     *("admit_s", "prefill_s", "step_s", "sync_s"),
 )
@@ -106,6 +108,10 @@ class Scheduler(Admission):
         self._running: list[Job] = []
         self._prefilling: list[Job] = []  # rows with a slot, part of their prompt computed
         self._mixer = runner if isinstance(runner, MixingRunner) and runner.mixed_tokens else None
+        # Greedy batches' decode steps record their tokens in the runner's step (one graph).
+        self._recorder = runner if isinstance(runner, RecordingRunner) else None
+        if self._recorder is not None:
+            self._recorder.record_with(self._state.record_greedy)
         self._readback: Readback | None = None
         self._decoded = 0  # decode steps run so far (a running job has 1 + this - joined tokens)
         self._since_sync = 0
@@ -223,13 +229,21 @@ class Scheduler(Admission):
 
     def _decode(self) -> None:
         started = time.perf_counter()
-        self._stepped(self._runner.step())
+        if self._recorder is not None and self._state.greedy_batch:
+            self._recorder.recorded_step()
+            self.stats["recorded_steps"] += 1
+            self._counted()
+        else:
+            self._stepped(self._runner.step())
         self.stats["step_s"] += time.perf_counter() - started
 
     def _stepped(self, logits: Tensor) -> None:
         """Sample and record a decode step's tokens and feed them to the next step."""
-        tokens = self._state.record(logits)
-        self._runner.advance(tokens)
+        self._runner.advance(self._state.record(logits))
+        self._counted()
+
+    def _counted(self) -> None:
+        """A decode step's tokens are recorded: count it, and read back when one is due."""
         self._decoded += 1
         self._length_due -= 1
         self._all_due -= 1

@@ -14,7 +14,13 @@ import torch
 from torch import Tensor
 
 from hymt_serve.engine.inputs import to_device
-from hymt_serve.engine.sampling import RowSampling, SlotSampling, record_tokens, sample_next
+from hymt_serve.engine.sampling import (
+    RowSampling,
+    SlotSampling,
+    greedy_tokens,
+    record_tokens,
+    sample_next,
+)
 from hymt_serve.engine.types import GenerationRow
 
 
@@ -50,7 +56,7 @@ class SlotState:
         self.out[index, 0] = tokens
         self.generated.index_fill_(0, index, 1)  # t[index] = 1 would wait for the device
         self.max_new[index] = max_new
-        self.done[index] = torch.isin(tokens, self.stop_ids) | (max_new <= 1)
+        self.done[index] = self._stopped(tokens) | (max_new <= 1)
         return tokens
 
     def set_batch(self, slots: Sequence[int], index: Tensor) -> None:
@@ -59,6 +65,11 @@ class SlotState:
         self._batch = self.sampling.batch(slots, index)
         self._index = index
 
+    @property
+    def greedy_batch(self) -> bool:
+        """Whether every row of the batch decodes greedily (:meth:`record_greedy` serves it)."""
+        return self._batch is not None and self._batch.all_greedy
+
     def record(self, logits: Tensor) -> Tensor:
         """Sample the batch's next tokens from a decode step's ``logits [bucket, V]``, record
         them and mark rows that stopped or reached their length; returns the tokens."""
@@ -66,13 +77,26 @@ class SlotState:
         index = self._index
         tokens = sample_next(logits, self._batch, index)
         record_tokens(self._batch, index, tokens)
+        self._store(tokens, index)
+        return tokens
+
+    def record_greedy(self, logits: Tensor, index: Tensor) -> Tensor:
+        """:meth:`record` for a batch of greedy rows whose slots ``index`` holds (padding
+        included): the runner's own tensor, so that a CUDA graph can hold this with the step.
+        Reads nothing host-side."""
+        tokens = greedy_tokens(logits)
+        self._store(tokens, index)
+        return tokens
+
+    def _store(self, tokens: Tensor, index: Tensor) -> None:
         generated = self.generated[index]
         self.out[index, generated.clamp(max=self.width - 1)] = tokens
         generated = (generated + 1).clamp(max=self.width - 1)
         self.generated[index] = generated
-        stopped = torch.isin(tokens, self.stop_ids)
-        self.done[index] |= stopped | (generated >= self.max_new[index])
-        return tokens
+        self.done[index] |= self._stopped(tokens) | (generated >= self.max_new[index])
+
+    def _stopped(self, tokens: Tensor) -> Tensor:
+        return (tokens[:, None] == self.stop_ids).any(-1)
 
     def snapshot(self, rows: int, widest: int) -> tuple[Tensor, Tensor, Tensor]:
         """Host copies (queued, not waited for) of the first ``rows`` batch positions' done
