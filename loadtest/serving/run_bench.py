@@ -188,6 +188,7 @@ def measure_levels(
     timeout: float = 600.0,
     metrics: MetricsSnapshot | None = None,
     keep_alive: bool = False,
+    on_errors: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per user count, labelled with ``labels`` (system, mode, gpus); each row is also
     printed as one JSON line (``report_from_logs`` rebuilds a report from those lines). With
@@ -195,7 +196,8 @@ def measure_levels(
     and their engine processes spent (:mod:`cpu_split`). A request unanswered after
     ``timeout`` seconds counts as an error. With ``metrics`` (TorchServe's metrics port), each
     row also splits the mean latency around the front end and the engine
-    (:mod:`latency_split`)."""
+    (:mod:`latency_split`). ``on_errors`` runs as soon as a level had errors, before its row
+    is printed (a run cut short still keeps what it saves)."""
     rows = []
     for count in users:
         start = time.monotonic()
@@ -213,6 +215,8 @@ def measure_levels(
             sampler.window(start, time.monotonic()), **labels, client_processes=processes,
             keep_alive=keep_alive,
         )  # fmt: skip
+        if stats["errors"] and on_errors is not None:
+            on_errors()
         print(json.dumps(stats), flush=True)
         rows.append(stats)
     return rows
@@ -318,14 +322,16 @@ def bench_torchserve(
         labels = {"system": "torchserve", "mode": mode, "gpus": gpus}
         pid = server.pid()
         cpu = cpu_snapshot(pid) if pid is not None else None
+
+        def save_log() -> None:  # what TorchServe logged, beside the report
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"errors-{mode}-{gpus}.log").write_text(log_excerpt(server, 200) + "\n")
+
         rows = measure_levels(
             labels, make_job, args.users, args.duration, sampler, args.client_processes, cpu,
             timeout=args.request_timeout, metrics=metrics_snapshot(server.metrics_url()),
-            keep_alive=args.keep_alive,
+            keep_alive=args.keep_alive, on_errors=save_log,
         )  # fmt: skip
-        if any(row["errors"] for row in rows):  # what TorchServe logged, beside the report
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / f"errors-{mode}-{gpus}.log").write_text(log_excerpt(server, 200) + "\n")
         (work / f"describe-{mode}-{gpus}.json").write_text(describe(server))
         return rows, cold
     finally:

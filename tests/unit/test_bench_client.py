@@ -19,9 +19,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "loadtest/serving"))
 from client import KeptAlive, run_closed_loop  # noqa: E402
+from run_bench import GpuSampler, measure_levels  # noqa: E402
 
 
-def test_an_unanswered_request_is_an_error_after_the_timeout() -> None:
+def silent_server() -> tuple[socket.socket, str, list[socket.socket]]:
+    """A listener that accepts connections and never answers, its translation URL and the
+    connections it holds."""
     listener = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
 
@@ -34,7 +37,17 @@ def test_an_unanswered_request_is_an_error_after_the_timeout() -> None:
             held.append(connection)  # read nothing, answer nothing
 
     threading.Thread(target=accept_and_stay_silent, daemon=True).start()
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}/predictions/hunyuan-mt"
+    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}/predictions/hunyuan-mt", held
+
+
+def close(listener: socket.socket, held: list[socket.socket]) -> None:
+    listener.close()
+    for connection in held:
+        connection.close()
+
+
+def test_an_unanswered_request_is_an_error_after_the_timeout() -> None:
+    listener, url, held = silent_server()
     try:
         started = time.monotonic()
         stats = run_closed_loop(
@@ -42,12 +55,32 @@ def test_an_unanswered_request_is_an_error_after_the_timeout() -> None:
         )
         elapsed = time.monotonic() - started
     finally:
-        listener.close()
-        for connection in held:
-            connection.close()
+        close(listener, held)
     assert stats["requests"] == 0 and stats["errors"] == 2  # one per user, then the level ends
     assert "timed out" in stats["error_samples"][0]
     assert elapsed < 5  # the timeout, not the 600 s default
+
+
+def test_a_level_with_errors_saves_before_its_row_is_printed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """run_bench keeps TorchServe's log of a level with errors even when the run is cut short
+    right after it (as one stalled level of a GPU run was): ``on_errors`` runs before the
+    level's row is printed."""
+    listener, url, held = silent_server()
+    printed_before: list[str] = []
+    sampler = GpuSampler.__new__(GpuSampler)  # no nvidia-smi thread: no samples
+    sampler.samples = []
+    try:
+        rows = measure_levels(
+            {"system": "test"}, lambda rng: (url, {"text": "hello"}, {}, 3), [1], 0.2, sampler,
+            timeout=0.3, on_errors=lambda: printed_before.append(capsys.readouterr().out),
+        )  # fmt: skip
+    finally:
+        close(listener, held)
+    assert rows[0]["errors"] == 1
+    assert printed_before == [""]  # called once, with the level's row not printed yet
+    assert json.loads(capsys.readouterr().out)["errors"] == 1
 
 
 class _Translate(BaseHTTPRequestHandler):
