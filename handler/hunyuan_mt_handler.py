@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 JSON, NDJSON = "application/json", "application/x-ndjson"
 DESCRIBE_TIMEOUT_S = 30.0  # async mode: how long a describe call waits for the engine process
 HEAVY_BODY_BYTES = 65_536  # async mode: bodies prepared on a thread of their own
+# Async mode: the largest part of a reply written beside TorchServe's sender thread (a Unix
+# socket takes a message this size in one piece; see _as_last_parts).
+PART_BYTES = 16_384
 
 
 class HunyuanMTHandler:
@@ -109,8 +112,9 @@ class HunyuanMTHandler:
         """One request (TorchServe's async mode); ``context`` belongs to this call only."""
         service = self._service()
         calls: list[oip.Call | None] = [None] * len(data)
+        describing = context.get_request_header(0, "describe") == "True"
         try:
-            if context.get_request_header(0, "describe") == "True":
+            if describing:
                 return [json.dumps(await self._describe_async())]
             origins = _origins(context, len(data))
             if _heavy(data):  # a document: split and tokenised off the event loop
@@ -125,7 +129,9 @@ class HunyuanMTHandler:
             ids = _request_ids(context, len(data))
             replies = [Reply(error.status, error.body(i)) for i in ids]
             origins = _origins(context, len(data))
-        return _respond(replies, context, origins, calls)
+        answers = _respond(replies, context, origins, calls)
+        # the management API's describe call is one reply (TorchServe answers it another way)
+        return answers if describing else _as_last_parts(answers, context, origins)
 
     def preprocess(self, data: list[dict[str, Any]]) -> list[Outcome]:
         """Parse and tokenise each request; a bad one becomes its own error."""
@@ -274,6 +280,48 @@ def _respond(
             body = call.response(body, context.model_name)
         answers.append(json.dumps(body, ensure_ascii=False) + ("\n" if reply.stream else ""))
     return answers
+
+
+def _as_last_parts(answers: list[str], context: Any, origins: list[Origin]) -> list[str]:
+    """Async mode: send each HTTP answer that is not part of a stream yet as a stream's first
+    parts, and return what is left for its last part (nothing).
+
+    TorchServe 0.12.0's front end keeps each request it hands to an async-mode worker in a map,
+    and takes it out only at a reply marked as a stream's last part (``ts_stream_next:
+    false``). So every plain reply stayed there for good: 4.0 KB of the front end's heap per
+    request, and a map that keeps resizing while another thread reads it
+    (benchmarks/serving/frontend_jobs/). A single reply marked as a last part does not work:
+    the front end sends a stream's status line with its first part. So the answer goes out
+    first, with its status, content type and headers; the final, empty reply is then the
+    stream's last part, which TorchServe marks itself. The client gets the same status,
+    headers and body, in chunked transfer encoding.
+
+    The first parts are written from this event loop while TorchServe's sender thread writes
+    other replies to the same socket. A message the kernel takes in one piece cannot be split
+    by another writer, so the answer goes in parts of at most ``PART_BYTES``; every last part
+    is empty. gRPC replies are marked as last parts already (:func:`_respond`), and a streamed
+    HTTP request's deltas were its first parts. An error reply goes as it is: the front end
+    closes the connection after an error's first part, so it cannot come as a stream (and
+    stays in the map)."""
+    ids = _request_ids(context, len(answers))
+    left = []
+    for index, (answer, where) in enumerate(zip(answers, origins, strict=True)):
+        started = context.get_response_headers(index).get(STREAM_NEXT_HEADER) == "true"
+        failed = (context.get_response_status(index)[0] or 200) >= 400
+        if where is not Origin.HTTP or started or failed:
+            left.append(answer)
+            continue
+        encoded = answer.encode("utf-8")
+        for offset in range(0, max(len(encoded), 1), PART_BYTES):
+            send_intermediate_predict_response(
+                {index: encoded[offset : offset + PART_BYTES]},
+                {index: ids[index]},
+                "Prediction success",
+                200,
+                context,
+            )
+        left.append("")
+    return left
 
 
 def _withhold(context: Any, index: int) -> None:

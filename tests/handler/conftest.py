@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from fakes import FakeEngine
+from fakes import FakeEngine, SentParts
+
+import hunyuan_mt_handler
 
 
 @pytest.fixture
@@ -13,3 +15,11 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
     engine = FakeEngine()
     monkeypatch.setattr(hymt_serve.engine.engine, "load_engine", lambda *args, **kw: engine)
     return engine
+
+
+@pytest.fixture(autouse=True)
+def sent_parts(monkeypatch: pytest.MonkeyPatch) -> SentParts:
+    """The handler's stream events and replies sent ahead, instead of a TorchServe socket."""
+    parts = SentParts()
+    monkeypatch.setattr(hunyuan_mt_handler, "send_intermediate_predict_response", parts)
+    return parts

@@ -129,3 +129,29 @@ class FakeEngine:
             "device": "cpu",
             "quantization": "none",
         }
+
+
+class SentParts:
+    """Stands in for TorchServe's ``send_intermediate_predict_response``: what the handler sent
+    ahead of its final replies, per request id and in order. Text deltas of streams are
+    strings; async mode's replies go ahead of their (empty) final reply as bytes."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str | bytes]] = []
+
+    def __call__(
+        self, ret: dict[int, Any], ids: dict[int, str], message: str, code: int, context: Any
+    ) -> None:
+        for index, value in ret.items():
+            self.sent.append((ids[index], value))
+            # as TorchServe's does: the request's final reply becomes its stream's last part
+            context.set_response_header(index, "ts_stream_next", "true")
+
+    def reply(self, request_id: str) -> str:
+        """The body sent ahead for ``request_id``, joined."""
+        parts = [v for r, v in self.sent if r == request_id and isinstance(v, bytes)]
+        return b"".join(parts).decode("utf-8")
+
+    def events(self) -> list[tuple[str, str]]:
+        """(request id, JSON line) of each stream event, in order."""
+        return [(r, v) for r, v in self.sent if isinstance(v, str)]

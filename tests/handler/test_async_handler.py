@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import make_context, set_batch
+from fakes import GRPC_HEADERS, HTTP_HEADERS, SentParts, make_context, set_batch
 
 import hunyuan_mt_handler
 from hunyuan_mt_handler import HunyuanMTHandler
 from hymt_serve.request.errors import ConfigurationError
+from hymt_serve.request.transport import Origin
 
 ASYNC = {"asyncCommunication": True}
 BODIES: list[Any] = [
@@ -58,6 +59,11 @@ async def one_call(
     result = handler.handle([{"body": body}], own)
     assert not isinstance(result, list)
     (text,) = await result
+    if not text:  # an HTTP reply goes ahead of the final, empty one (the stream's last part)
+        parts = hunyuan_mt_handler.send_intermediate_predict_response
+        assert isinstance(parts, SentParts)
+        text = parts.reply(request_id)
+        assert text, "neither a final reply nor one sent ahead"
     return own.get_response_status(0)[0], own.get_response_content_type(0), text
 
 
@@ -101,15 +107,9 @@ def test_concurrent_requests_match_the_batch_path(
 
 
 def test_a_stream_and_plain_requests_in_flight_together(
-    async_handler: tuple[HunyuanMTHandler, Any], monkeypatch: pytest.MonkeyPatch
+    async_handler: tuple[HunyuanMTHandler, Any], sent_parts: SentParts
 ) -> None:
     handler, context = async_handler
-    sent: list[tuple[dict[int, str], dict[int, str]]] = []
-    monkeypatch.setattr(
-        hunyuan_mt_handler,
-        "send_intermediate_predict_response",
-        lambda ret, ids, message, code, ctx: sent.append((ret, ids)),
-    )
     stream_body = {"text": "Hello there, friend", "target_lang": "ja", "stream": True}
 
     async def together() -> list[tuple[int, str, str]]:
@@ -119,24 +119,19 @@ def test_a_stream_and_plain_requests_in_flight_together(
 
     (status, content_type, final), *plain = asyncio.run(together())
     assert status == 200 and content_type == "application/x-ndjson"
-    assert {ids[0] for _, ids in sent} == {"s"}  # deltas reach the streaming request only
-    deltas = [json.loads(ret[0]) for ret, _ in sent]
+    events = sent_parts.events()
+    assert {request_id for request_id, _ in events} == {"s"}  # deltas reach the stream only
+    deltas = [json.loads(line) for _, line in events]
     assert "".join(d["delta"] for d in deltas) == json.loads(final)["translation"]
     assert all(s == 200 for s, _, _ in plain)
 
 
 def test_a_document_streams_its_progress_beside_sentences(
-    async_handler: tuple[HunyuanMTHandler, Any], monkeypatch: pytest.MonkeyPatch
+    async_handler: tuple[HunyuanMTHandler, Any], sent_parts: SentParts
 ) -> None:
     """A document of 30 segments (30 rows for 3 slots, with other requests in flight)
     comes back whole: its code untouched, its progress streamed to it alone."""
     handler, context = async_handler
-    sent: list[tuple[dict[int, str], dict[int, str]]] = []
-    monkeypatch.setattr(
-        hunyuan_mt_handler,
-        "send_intermediate_predict_response",
-        lambda ret, ids, message, code, ctx: sent.append((ret, ids)),
-    )
     code = "```\nprint('keep me')\n```\n"
     document = "\n\n".join(f"Paragraph {n} of the page." for n in range(30)) + "\n\n" + code
     body = {"document": document, "format": "markdown", "target_lang": "de", "stream": True}
@@ -151,8 +146,9 @@ def test_a_document_streams_its_progress_beside_sentences(
     reply = json.loads(final)
     assert reply["segments"] == 30 and reply["document"].endswith("\n\n" + code)
     assert reply["document"].count("\n\n") >= 30
-    assert {ids[0] for _, ids in sent} == {"d"}
-    progress = [json.loads(ret[0])["progress"] for ret, _ in sent]
+    events = sent_parts.events()
+    assert {request_id for request_id, _ in events} == {"d"}
+    progress = [json.loads(line)["progress"] for _, line in events]
     assert progress[-1] == {"done": 30, "total": 30}
     assert all(s == 200 for s, _, _ in plain)
 
@@ -203,7 +199,9 @@ def test_describe_is_answered_in_async_mode(async_handler: tuple[HunyuanMTHandle
 
 
 def test_a_slow_describe_does_not_hold_up_other_requests(
-    async_handler: tuple[HunyuanMTHandler, Any], monkeypatch: pytest.MonkeyPatch
+    async_handler: tuple[HunyuanMTHandler, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    sent_parts: SentParts,
 ) -> None:
     """The engine process does not answer a describe call (here: the message is lost): a
     translation sent meanwhile is answered at once, the describe call times out on its own.
@@ -226,6 +224,7 @@ def test_a_slow_describe_does_not_hold_up_other_requests(
         await asyncio.sleep(0.2)  # the describe call is waiting by now
         monkeypatch.undo()  # the engine answers translations again
         monkeypatch.setattr(hunyuan_mt_handler, "DESCRIBE_TIMEOUT_S", 3.0)
+        monkeypatch.setattr(hunyuan_mt_handler, "send_intermediate_predict_response", sent_parts)
         status, _, _ = await one_call(handler, context, BODIES[0], "t")
         assert status == 200
         finished["translate"] = loop.time()
@@ -260,3 +259,26 @@ def test_async_mode_refuses_batches_from_torchserve(tiny_model_dir: Path) -> Non
     context = make_context(settings(tiny_model_dir), tiny_model_dir, batch_size=4, frontend=ASYNC)
     with pytest.raises(ConfigurationError, match="batchSize: 1"):
         handler.initialize(context)
+
+
+def test_http_replies_go_ahead_in_parts_and_grpc_replies_stay_whole(
+    sent_parts: SentParts,
+) -> None:
+    """TorchServe's front end forgets an async-mode request only at a stream's last part:
+    an HTTP answer goes ahead in parts the socket takes whole (multi-byte characters split
+    across parts join again), and the final reply left is empty; a gRPC reply is its call's
+    one message, an HTTP stream's final line is its last part already, and an error reply
+    goes whole (the front end closes the connection after an error's first part)."""
+    context = make_context(settings(Path(".")), batch_size=4)
+    set_batch(context, 4, [HTTP_HEADERS, GRPC_HEADERS, HTTP_HEADERS, HTTP_HEADERS])
+    context.set_response_header(2, "ts_stream_next", "true")  # request 2 streamed deltas
+    context.set_response_status(400, "Bad Request", 3)
+    long_answer = json.dumps({"translation": "长文本" * 6000}, ensure_ascii=False)
+    origins = [Origin.HTTP, Origin.GRPC, Origin.HTTP, Origin.HTTP]
+    answers = [long_answer, '{"grpc": 1}', '{"last": "line"}\n', '{"error": "x"}']
+    left = hunyuan_mt_handler._as_last_parts(answers, context, origins)
+    assert left == ["", '{"grpc": 1}', '{"last": "line"}\n', '{"error": "x"}']
+    parts = [value for request_id, value in sent_parts.sent if request_id == "req-0"]
+    assert len(parts) == 4 and all(len(p) <= hunyuan_mt_handler.PART_BYTES for p in parts)
+    assert sent_parts.reply("req-0") == long_answer
+    assert {request_id for request_id, _ in sent_parts.sent} == {"req-0"}

@@ -9,6 +9,7 @@ import concurrent.futures
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,3 +209,40 @@ def test_grpc_in_async_mode_answers_whole_and_never_wedges(
     assert pids(async_server) == before
     log = (async_server.log_dir / "ts_log.log").read_text(encoding="utf-8", errors="replace")
     assert "Stream is already completed" not in log
+
+
+def live_request_objects(server: Server) -> int:
+    """The front end's live request objects (``RestJob``) after a full GC, from the JVM's
+    class histogram (``jcmd``, beside the ``java`` that runs the front end)."""
+    pid = server.pid()
+    assert pid is not None
+    jcmd = Path(os.readlink(f"/proc/{pid}/exe")).parent / "jcmd"
+    if not jcmd.exists():
+        pytest.skip(f"no jcmd beside the front end's java ({jcmd})")
+    histogram = subprocess.run(
+        [str(jcmd), str(pid), "GC.class_histogram"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    counts = [line.split() for line in histogram.splitlines()]
+    return sum(int(c[1]) for c in counts if len(c) >= 4 and c[3] == "org.pytorch.serve.job.RestJob")
+
+
+def test_the_front_end_forgets_answered_requests(async_server: Server) -> None:
+    """TorchServe 0.12.0's front end keeps an async-mode request until a reply marked as a
+    stream's last part; the handler sends every successful HTTP reply that way, so plain and
+    streamed ones do not stay in the front end's heap (before, every plain one did:
+    benchmarks/serving/frontend_jobs/). Error replies cannot come as streams and stay."""
+    bodies: list[Any] = [
+        {"text": "Good morning.", "target_lang": "fr", "max_new_tokens": 4},
+        {"text": "x", "target_lang": "klingon"},
+        {"text": "Streamed.", "target_lang": "de", "max_new_tokens": 4, "stream": True},
+    ]
+    before = live_request_objects(async_server)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda i: post(async_server, bodies[i % 3]), range(120)))
+    assert [r.status_code for r in responses] == [200, 400, 200] * 40
+    assert all(r.json()["translation"] for r in responses[::3])
+    assert all("translation" in r.text.splitlines()[-1] for r in responses[2::3])
+    kept = live_request_objects(async_server) - before
+    assert kept <= 40 + 5  # the 40 error replies (and a few other requests, e.g. describes)
+    assert all(r.headers["transfer-encoding"] == "chunked" for r in responses[::3])
