@@ -300,9 +300,9 @@ def _as_last_parts(answers: list[str], context: Any, origins: list[Origin]) -> l
     other replies to the same socket. A message the kernel takes in one piece cannot be split
     by another writer, so the answer goes in parts of at most ``PART_BYTES``; every last part
     is empty. gRPC replies are marked as last parts already (:func:`_respond`), and a streamed
-    HTTP request's deltas were its first parts. An error reply goes as it is: the front end
-    closes the connection after an error's first part, so it cannot come as a stream (and
-    stays in the map)."""
+    HTTP request's deltas were its first parts. An error reply goes as it is: sent as a stream,
+    a 400 reached the client cut off (the front end reset the connection after its first
+    part), so it stays in the map."""
     ids = _request_ids(context, len(answers))
     left = []
     for index, (answer, where) in enumerate(zip(answers, origins, strict=True)):

@@ -268,7 +268,7 @@ def test_http_replies_go_ahead_in_parts_and_grpc_replies_stay_whole(
     an HTTP answer goes ahead in parts the socket takes whole (multi-byte characters split
     across parts join again), and the final reply left is empty; a gRPC reply is its call's
     one message, an HTTP stream's final line is its last part already, and an error reply
-    goes whole (the front end closes the connection after an error's first part)."""
+    goes whole (sent as a stream, a 400 reached the client cut off)."""
     context = make_context(settings(Path(".")), batch_size=4)
     set_batch(context, 4, [HTTP_HEADERS, GRPC_HEADERS, HTTP_HEADERS, HTTP_HEADERS])
     context.set_response_header(2, "ts_stream_next", "true")  # request 2 streamed deltas
