@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.runner import FastRunner, Runner
+from hymt_serve.engine.runner import FastRunner
+from hymt_serve.engine.runners import Runner
 from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow
 

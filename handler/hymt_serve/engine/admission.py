@@ -1,7 +1,7 @@
 """How rows get into the running batch, a part of
 :class:`~hymt_serve.engine.scheduler.Scheduler` (its attributes below).
 
-With a :class:`~hymt_serve.engine.runner.MixingRunner` (the fast engine) admission rides in
+With a :class:`~hymt_serve.engine.runners.MixingRunner` (the fast engine) admission rides in
 the decode step: each pass takes prompt chunks within a token budget, decode first (the
 running rows always step), rows part-way through a long prompt before waiting ones; a row
 whose prompt is complete samples its first token and joins the batch. A failing pass fails
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from hymt_serve.engine.inputs import to_device
 from hymt_serve.engine.jobs import Job, WaitingLine
-from hymt_serve.engine.runner import MixingRunner, Runner
+from hymt_serve.engine.runners import MixingRunner, Runner
 from hymt_serve.engine.slots import SlotState
 from hymt_serve.engine.types import GenerationRow
 from hymt_serve.request.errors import as_service_error

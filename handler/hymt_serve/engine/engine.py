@@ -22,7 +22,7 @@ from typing import Any
 from hymt_serve.engine.codec import TokenCodec
 from hymt_serve.engine.hf import HFRunner
 from hymt_serve.engine.loading import BITSANDBYTES, FAST_QUANTIZATION, LoadedModel, load_model
-from hymt_serve.engine.runner import Runner
+from hymt_serve.engine.runners import Runner
 from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import (
     TINY_MODEL_MARKER,

@@ -43,7 +43,8 @@ from torch import Tensor
 from hymt_serve.engine.admission import Admission
 from hymt_serve.engine.inputs import to_device
 from hymt_serve.engine.jobs import Job, Readback, WaitingLine
-from hymt_serve.engine.runner import STEP_HEADROOM, MixingRunner, RecordingRunner, Runner
+from hymt_serve.engine.runner import STEP_HEADROOM
+from hymt_serve.engine.runners import MixingRunner, RecordingRunner, Runner
 from hymt_serve.engine.slots import SlotState
 from hymt_serve.engine.types import (
     FinishReason,
