@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
+from torch.cuda import CUDAGraph
 
 from hymt_serve.engine.attention import kernel_name, num_splits, prompt_kernel_name
 from hymt_serve.engine.model import forward_pass, make_step_functions, rope_tables
@@ -202,18 +205,9 @@ class FastRunner(PackedPrefill):
         self.timings["recorded_capture_s"] = time.perf_counter() - start
 
     def _capture_recorded(self) -> None:
-        self.clear()
-        with side_stream():
-            for bucket in reversed(self.buckets):
-                self._recorded_forward(bucket)
-        self.clear()  # the warm-up fed tokens to the padding positions
-        pool = torch.cuda.graph_pool_handle()
-        for bucket in reversed(self.buckets):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._recorded_forward(bucket)
-            self.recorded_graphs[bucket] = graph
-        torch.cuda.synchronize()
+        self._warm_up(self._recorded_forward)
+        captured = self._capture_buckets(self._recorded_forward)
+        self.recorded_graphs = {bucket: graph for bucket, (graph, _) in captured.items()}
 
     def recorded_step(self) -> None:
         """One decode step of greedy rows, its tokens recorded and fed to the next step."""
@@ -271,13 +265,7 @@ class FastRunner(PackedPrefill):
         self._warm_up()
         self.timings["warmup_compile_s"] = time.perf_counter() - start
         start = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
-        for bucket in reversed(self.buckets):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = self._forward(bucket)
-            self.graphs[bucket] = (graph, logits)
-        torch.cuda.synchronize()
+        self.graphs = self._capture_buckets(self._forward)
         self.timings["capture_s"] = time.perf_counter() - start
         start = time.perf_counter()
         try:
@@ -303,10 +291,24 @@ class FastRunner(PackedPrefill):
             self.timings,
         )
 
-    def _warm_up(self) -> None:
-        """Run every bucket once on a side stream: compiles, loads kernels, settles allocations."""
+    def _warm_up(self, forward: Callable[[int], object] | None = None) -> None:
+        """Run every bucket once (``forward``, the step's by default) on a side stream, the batch
+        empty: compiles, loads kernels, settles allocations."""
         with side_stream():
             self.clear()
             for bucket in reversed(self.buckets):
-                self._forward(bucket)
+                (forward or self._forward)(bucket)
             self.clear()
+
+    def _capture_buckets(self, forward: Callable[[int], Any]) -> dict[int, tuple[CUDAGraph, Any]]:
+        """One CUDA graph of ``forward`` per bucket, largest first, sharing one memory pool;
+        each with what ``forward`` returned (the graph's output)."""
+        pool = torch.cuda.graph_pool_handle()
+        graphs = {}
+        for bucket in reversed(self.buckets):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                output = forward(bucket)
+            graphs[bucket] = (graph, output)
+        torch.cuda.synchronize()
+        return graphs
