@@ -41,6 +41,7 @@ MODE_EXTRAS = {
     "head": ("handler.quantize_lm_head", True),
     "noprefix": ("handler.prefix_cache_entries", 0),
     "nomix": ("handler.mixed_step_tokens", 0),
+    "lt": ("handler.blas_library", "cublaslt"),
 }
 
 
@@ -524,7 +525,8 @@ def main() -> None:
         "continuous-fp8; +head quantizes its LM head too (continuous-fp8+head), +noprefix "
         "turns the kept prompt prefixes off (continuous+noprefix), +sharedK runs K workers "
         "per GPU that share its engine process (continuous+shared3), +unshared one worker per "
-        "GPU with its own engine child, +rowsN sets max_batch_rows (continuous+rows128)",
+        "GPU with its own engine child, +rowsN sets max_batch_rows (continuous+rows128), +lt "
+        "sends the dense products to cuBLASLt (blas_library)",
     )
     parser.add_argument(
         "--client-processes",

@@ -36,6 +36,15 @@ def test_choices_are_normalised() -> None:
     settings = load({"model_path": "/m", "dtype": " BFloat16 ", "quantization": None})
     assert settings.dtype == "bfloat16"
     assert settings.quantization == "none"
+    assert load({"model_path": "/m", "blas_library": "cuBLASLt"}).blas_library == "cublaslt"
+    assert load({"model_path": "/m"}).blas_library == "cublas"
+
+
+def test_the_blas_library_applies_on_cuda_only() -> None:
+    from hymt_serve.engine.loading import plan_load
+
+    settings = load({"model_path": "/m", "device": "cpu", "blas_library": "cublaslt"})
+    assert plan_load(settings).describe()["blas_library"] == "none"
 
 
 @pytest.mark.parametrize(
@@ -54,6 +63,10 @@ def test_choices_are_normalised() -> None:
             "temperature must be a number in (0.0, 10.0], got 0",
         ),
         ({"model_path": "/m", "dtype": "int4"}, "dtype must be one of"),
+        (
+            {"model_path": "/m", "blas_library": "mkl"},
+            "blas_library must be one of ['cublas', 'cublaslt']",
+        ),
         (
             {"model_path": "/m", "quantization": "gptq"},
             "quantization must be one of ['none', 'fp8', 'int8', 'int4', 'bnb-int8', 'nf4']",

@@ -31,6 +31,7 @@ class LoadPlan:
     dtype: torch.dtype
     attention: str
     quantization: str
+    blas_library: str = "none"  # CUDA: the library dense products go to
 
     def describe(self) -> dict[str, str]:
         return {
@@ -38,6 +39,7 @@ class LoadPlan:
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention": self.attention,
             "quantization": self.quantization,
+            "blas_library": self.blas_library,
         }
 
 
@@ -53,6 +55,7 @@ def plan_load(settings: Settings, gpu_id: int | None = None) -> LoadPlan:
         _dtype(settings.dtype, device),
         _attention(settings.attention, device),
         _quantization(settings.quantization, device),
+        settings.blas_library if use_cuda else "none",
     )
 
 
@@ -155,6 +158,8 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
     plan = plan_load(settings, gpu_id)
     if plan.device.type == "cuda":  # Triton and CUDA graphs use the current device
         torch.cuda.set_device(plan.device)
+        if plan.blas_library != "cublas":  # process-wide, before any graph is captured
+            torch.backends.cuda.preferred_blas_library(plan.blas_library)
     if not (settings.model_path / "config.json").is_file():
         raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
     started = time.perf_counter()

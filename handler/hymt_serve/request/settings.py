@@ -26,6 +26,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "quantization": ("none", "fp8", "int8", "int4", "bnb-int8", "nf4"),
     "engine": ("auto", "hf", "fast"),
     "prompt_family": ("auto", "hunyuan-mt-7b", "hunyuan-mt-chimera", "hy-mt1.5", "hy-mt2"),
+    "blas_library": ("cublas", "cublaslt"),
 }
 
 # key: (lowest, highest) allowed, both inclusive.
@@ -79,6 +80,10 @@ class Settings:
     # checkpoints keep it in bf16.
     quantize_lm_head: bool = False
     engine: str = "auto"
+    # CUDA only: the library PyTorch's dense products go to (torch.backends.cuda's
+    # preferred_blas_library), for the whole engine process. cublaslt: a 64-row decode step
+    # took 0.96 x the time on an H200 (benchmarks/decode/blas/); serving not measured yet.
+    blas_library: str = "cublas"
     # Which model family's prompts and request features (auto: from the model folder's name).
     prompt_family: str = "auto"
     max_input_tokens: int = 1024
