@@ -74,3 +74,23 @@ def test_without_a_running_loop_every_update_is_sent_at_once() -> None:
     record_three_requests(metrics.TorchServeRecorder(cache, "hunyuan-mt", coalesce=True))
     assert len(cache.sent) == 3 * 9 + 1  # nine updates per request, and the error
     assert [v for n, v, _ in cache.sent if n == "hymt_batch_rows"] == [3, 5, 7]
+
+
+def test_label_values_survive_the_front_ends_parser() -> None:
+    """TorchServe's worker prints ``Name:value`` pairs; the front end keeps a pair only when it
+    splits on ``:`` into two, and the metric fails when one is dropped. On a GPU the engine's
+    device is ``cuda:0``."""
+    from ts.metrics.dimension import Dimension
+
+    cache = Cache()
+    recorder = metrics.TorchServeRecorder(cache, "hunyuan-mt")
+    info = {"engine": "fast", "attention": "sdpa", "dtype": "bfloat16", "device": "cuda:0"}
+    recorder.engine_info({**info, "quantization": "fp8,static|x"})
+    ((name, _, values),) = cache.sent
+    assert name == "hymt_engine_info"
+    names = [*metrics.BASE_DIMENSIONS, *metrics.ENGINE_DIMENSIONS]
+    printed = ",".join(str(Dimension(n, v)) for n, v in zip(names, values, strict=True))
+    pairs = [pair.split(":") for pair in printed.split(",")]
+    assert all(len(pair) == 2 for pair in pairs), printed
+    assert dict(pairs)["Device"] == "cuda_0"
+    assert "|" not in printed

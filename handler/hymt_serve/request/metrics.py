@@ -121,7 +121,8 @@ class TorchServeRecorder:
             self._send(name, value, extra)
 
     def _send(self, name: str, value: float, extra: tuple[str, ...]) -> None:
-        self._metrics[name].add_or_update(value, [self._model, "Model", *extra])
+        labels = [self._model, "Model", *map(label_value, extra)]
+        self._metrics[name].add_or_update(value, labels)
 
     def engine_info(self, info: dict[str, str]) -> None:
         """Expose the engine's choices (attention kernel, dtype, ...) as a constant gauge."""
@@ -146,6 +147,15 @@ class TorchServeRecorder:
         self._emit("hymt_output_tokens_total", output_tokens)
         if seconds > 0:
             self._emit("hymt_output_tokens_per_second", output_tokens / seconds)
+
+
+def label_value(value: str) -> str:
+    """A dimension value TorchServe's front end can read back. The worker prints each
+    dimension as ``Name:value``, comma-separated between ``|#`` marks, and the front end
+    (0.12.0's ``Metric.parse``) keeps a pair only when it splits on ``:`` into exactly two:
+    ``Device:cuda:0`` was dropped, the label count no longer matched, and every update of that
+    metric failed ("Incorrect number of labels"). So ``:``, ``,`` and ``|`` become ``_``."""
+    return value.replace(":", "_").replace(",", "_").replace("|", "_")
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
