@@ -14,21 +14,17 @@ metrics, and the host's still come. ``config.properties`` points TorchServe at i
 
 from __future__ import annotations
 
-import argparse
 import logging
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from typing import Any
 
 QUERY = "index,memory.used,memory.total,utilization.gpu"
 TIMEOUT_S = 10.0
 
-Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
-
-def gpu_readings(run: Runner = subprocess.run) -> list[dict[str, float]]:
+def gpu_readings() -> list[dict[str, float]]:
     """One dict per GPU that ``nvidia-smi`` lists: ``index``, ``mem_used`` (MiB),
     ``mem_used_percent`` and ``utilization`` (%); a field it cannot read ("[N/A]", as on MIG
     devices) is left out. No ``nvidia-smi``, or a failed query: no GPUs."""
@@ -36,7 +32,7 @@ def gpu_readings(run: Runner = subprocess.run) -> list[dict[str, float]]:
     if binary is None:
         return []
     try:
-        done = run(
+        done = subprocess.run(
             [binary, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
@@ -92,10 +88,8 @@ def gpu_metrics(readings: list[dict[str, float]]) -> list[Any]:
     return metrics
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu", type=int, default=None, help="accepted; nvidia-smi decides")
-    parser.parse_args(argv)
+def main() -> None:
+    """What TorchServe runs (``system_metrics_cmd``, no arguments): nvidia-smi finds the GPUs."""
     from ts.metrics import system_metrics
     from ts.metrics.process_memory_metric import check_process_mem_usage
 

@@ -149,13 +149,16 @@ class TorchServeRecorder:
             self._emit("hymt_output_tokens_per_second", output_tokens / seconds)
 
 
+_LABEL_SEPARATORS = str.maketrans(":,|", "___")
+
+
 def label_value(value: str) -> str:
     """A dimension value TorchServe's front end can read back. The worker prints each
     dimension as ``Name:value``, comma-separated between ``|#`` marks, and the front end
     (0.12.0's ``Metric.parse``) keeps a pair only when it splits on ``:`` into exactly two:
     ``Device:cuda:0`` was dropped, the label count no longer matched, and every update of that
     metric failed ("Incorrect number of labels"). So ``:``, ``,`` and ``|`` become ``_``."""
-    return value.replace(":", "_").replace(",", "_").replace("|", "_")
+    return value.translate(_LABEL_SEPARATORS)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
