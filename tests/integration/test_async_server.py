@@ -19,6 +19,7 @@ import pytest
 import requests
 from conftest import MODEL, running_server
 
+from hymt_serve.ops.frontend_guard import JAR, URL_PATTERN, find_javac
 from hymt_serve.ops.launcher import Server, model_workers
 from hymt_serve.request.metrics import FLUSH_S
 
@@ -250,3 +251,27 @@ def test_the_front_end_forgets_answered_requests(async_server: Server) -> None:
     kept = live_request_objects(async_server) - before
     assert kept <= 40 + 5  # the 40 error replies (and a few other requests, e.g. describes)
     assert all(r.headers["transfer-encoding"] == "chunked" for r in responses[::3])
+
+
+def test_every_worker_gets_a_thread_safe_request_map(async_server: Server) -> None:
+    """TorchServe 0.12.0's async request map is a plain LinkedHashMap used by two threads (a
+    lookup can miss under load, and a worker's requests then go unanswered); our front-end
+    plugin swaps it for a ConcurrentHashMap in each worker before its model is loaded."""
+    if find_javac() is None:
+        pytest.skip("no JDK here: the plugin is built where javac is (scripts/setup.sh)")
+    assert JAR.is_file(), "scripts/setup.sh builds the plugin where javac is"
+    assert Server(async_server.workdir).properties()["plugins_path"] == str(JAR.parent)
+    response = requests.get(
+        f"{async_server.management_url()}/{URL_PATTERN}",
+        headers=async_server.headers("management"),
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    counts = response.json()
+    workers = len(model_workers(async_server, MODEL))
+    # every worker of this server, the replacement of a killed engine's worker included
+    assert counts["guarded"] >= workers >= 1, counts
+    assert counts["unguarded"] == 0, counts
+    assert counts["scan_errors"] == 0, counts
+    log = (async_server.log_dir / "ts_log.log").read_text(errors="replace")
+    assert "request map is now thread-safe" in log

@@ -45,11 +45,23 @@ def test_the_image_installs_what_the_engine_needs_at_run_time() -> None:
     text = DOCKERFILE.read_text()
     installed = apt_packages(text)
     assert installed >= RUNTIME_PACKAGES, RUNTIME_PACKAGES - installed
-    base = next(arguments for keyword, arguments in instructions(text) if keyword == "FROM")
+    # the last stage is the image (the one before builds the front-end plugin)
+    base = [arguments for keyword, arguments in instructions(text) if keyword == "FROM"][-1]
     assert re.fullmatch(r"python:3\.1[1-3]-slim-\w+", base), base  # CPython with its headers
     assert ("ENTRYPOINT", '["tini", "--", "/home/model-server/docker/entrypoint.sh"]') in (
         instructions(text)
     )
+
+
+def test_the_image_carries_the_front_end_plugin_built_with_a_jdk() -> None:
+    text = DOCKERFILE.read_text()
+    stages = text.split("\nFROM ")
+    assert len(stages) == 3, "a build stage for the plugin, then the image"
+    assert "openjdk-17-jdk-headless" in apt_packages(stages[1])
+    assert "python -m hymt_serve.ops.frontend_guard" in stages[1]
+    assert "openjdk-17-jdk-headless" not in apt_packages(stages[2])  # no compiler in the image
+    copies = [a for k, a in instructions(stages[2]) if k == "COPY" and "--from" in a]
+    assert any("hymt-frontend-guard.jar" in a for a in copies), copies
 
 
 def test_the_package_check_reads_continued_lines_and_chained_commands() -> None:
@@ -76,7 +88,7 @@ def test_the_image_environment_check_copies_what_the_image_copies() -> None:
     follow the Dockerfile's COPY instructions."""
     copied: set[str] = set()
     for keyword, arguments in instructions(DOCKERFILE.read_text()):
-        if keyword == "COPY":
+        if keyword == "COPY" and "--from=" not in arguments:  # (the plugin: with handler/)
             copied |= {source.rstrip("/") for source in shlex.split(arguments)[:-1]}
     script = (DOCKERFILE.parent / "image-env/check.sh").read_text()
     listed = re.search(r'cp -r "\$repo"/\{([^}]*)\} "\$home/"', script)

@@ -27,6 +27,7 @@ import requests
 
 from hymt_serve.engine.shared import exists as alive
 from hymt_serve.engine.shared import stop_engines, terminate
+from hymt_serve.ops.frontend_guard import plugins_path
 from hymt_serve.ops.properties import read_properties, render_config, write_properties
 
 KEY_FILE = "key_file.json"
@@ -188,7 +189,18 @@ def start(
     server = Server(workdir)
     if server.pid() is not None:
         raise LaunchError(f"a TorchServe started from {workdir} is already running (hymt stop)")
-    write_properties(render_config(config, overrides, model_store), server.config_path)
+    values = render_config(config, overrides, model_store)
+    if not values.get("plugins_path"):  # the async request-map guard (frontend_guard)
+        guard = plugins_path()
+        if guard is not None:
+            values["plugins_path"] = str(guard)
+        else:
+            print(
+                "hymt: the front-end plugin is not built (no JDK at install): async mode runs"
+                " with TorchServe's unsynchronised request map (README, operating notes)",
+                file=sys.stderr,
+            )
+    write_properties(values, server.config_path)
     (workdir / KEY_FILE).unlink(missing_ok=True)
     server.drain_marker.unlink(missing_ok=True)
     if server.log_dir.exists():  # this start's logs alone, so that failures are this start's
