@@ -334,6 +334,7 @@ def bench_torchserve(
             keep_alive=args.keep_alive, on_errors=save_log,
         )  # fmt: skip
         (work / f"describe-{mode}-{gpus}.json").write_text(describe(server))
+        save_server_state(server, args.out, f"{mode}-{gpus}")
         return rows, cold
     finally:
         stop(server)
@@ -341,12 +342,31 @@ def bench_torchserve(
 
 def describe(server: Any) -> str:
     """The worker's own description (engine, scheduler counters) after the run."""
+    return _get(f"{server.management_url()}/models/{MODEL}?customized=true", server)
+
+
+def save_server_state(server: Any, out: Path, name: str) -> None:
+    """Beside the report, after a mode's levels: the front-end plugin's counts (whether each
+    worker's async request map was made thread-safe) and the metrics port's text (TorchServe's
+    system metrics, the handler's). A part that cannot be read is written as its error."""
+    out.mkdir(parents=True, exist_ok=True)
+    from hymt_serve.ops.frontend_guard import URL_PATTERN
+
+    for file, url in (
+        (f"guard-{name}.json", f"{server.management_url()}/{URL_PATTERN}"),
+        (f"metrics-{name}.txt", f"{server.metrics_url()}/metrics"),
+    ):
+        try:
+            text = _get(url, server)
+        except OSError as exc:  # urllib's errors are OSErrors
+            text = f"unreadable: {exc}\n"
+        (out / file).write_text(text)
+
+
+def _get(url: str, server: Any) -> str:
     import urllib.request
 
-    request = urllib.request.Request(
-        f"{server.management_url()}/models/{MODEL}?customized=true",
-        headers=server.headers("management"),
-    )
+    request = urllib.request.Request(url, headers=server.headers("management"))
     with urllib.request.urlopen(request, timeout=60) as response:
         return str(response.read().decode())
 

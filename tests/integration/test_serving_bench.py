@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from hymt_serve.ops.frontend_guard import JAR
+
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 FIELDS = {
@@ -76,3 +78,9 @@ def test_serving_benchmark_runs_both_systems(tmp_path: Path) -> None:
     assert report["model_flops_per_token"] > 0
     assert (tmp_path / "out/serving.png").stat().st_size > 0
     assert "| torchserve |" in (tmp_path / "out/results.md").read_text()
+    # beside the report, per mode: the front-end plugin's counts and the metrics port's text
+    metrics = (tmp_path / "out/metrics-continuous-1.txt").read_text()
+    assert "ts_inference_requests_total" in metrics
+    guard = (tmp_path / "out/guard-continuous-1.json").read_text()
+    if JAR.is_file():
+        assert json.loads(guard)["guarded"] == 1, guard
