@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,15 @@ def test_workers_left_by_torchserve_are_ended_with_their_work_folder_only(
         for process in (ours, theirs):
             process.kill()
             process.wait()
+
+
+def test_the_servers_python_path_is_absolute(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """TorchServe runs from its work folder, where a relative entry names nothing (its
+    system-metrics command then could not import the package: seen on a GPU host)."""
+    monkeypatch.setattr(launcher, "find_java_home", lambda: tmp_path / "java")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["handler", "/opt/site"]))
+    env = Server(tmp_path / "run").environment()
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "handler"), "/opt/site"]

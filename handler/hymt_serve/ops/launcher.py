@@ -125,6 +125,13 @@ class Server:
             JAVA_HOME=str(java_home),
             PATH=f"{java_home / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
             + env.get("PATH", ""),
+            # TorchServe runs from the work folder: a relative entry would name another folder
+            # there (its system-metrics command, `python -m hymt_serve.ops.system_metrics`,
+            # then found no package and exported nothing)
+            PYTHONPATH=os.pathsep.join(
+                str(Path(entry).resolve()) if entry else entry
+                for entry in env.get("PYTHONPATH", "").split(os.pathsep)
+            ),
             TEMP=str(self.workdir / "tmp"),
             TMPDIR=str(self.workdir / "tmp"),
             LOG_LOCATION=str(self.log_dir),
