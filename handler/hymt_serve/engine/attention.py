@@ -7,11 +7,8 @@ key and value into the cache at ``positions[b]`` of slot ``slots[b]`` and attend
 On CUDA with bf16/fp16 it runs a Triton flash-decoding kernel: one program per (row, KV head,
 split) serves all query heads of the group, so KV heads are never repeated; it reads K and V
 once in the cache dtype with fp32 accumulation and stops at the row's length, so a large static
-cache costs nothing past the live positions. Where the sequence is split (few rows), the last
-program of each (row, KV head) to finish combines the splits' partial results, counted on an
-arrival counter, so one launch does the step (a separate combine kernel is the fallback).
-The kernel reads positions and slots from device tensors, which makes it capturable in a CUDA
-graph. Elsewhere a plain PyTorch version runs
+cache costs nothing past the live positions. The kernel reads positions and slots from device
+tensors, which makes it capturable in a CUDA graph. Elsewhere a plain PyTorch version runs
 (the CPU path, also the reference for tests).
 
 Prompt tokens of a prefill or a mixed step attend through :func:`prompt_attention`, a Triton
@@ -47,10 +44,6 @@ _BLOCK_N = 64  # positions per tile of the prompt kernel
 _DECODE_TILES = {"BLOCK_N": 32, "num_warps": 2, "num_stages": 2}
 _TARGET_PROGRAMS = 264  # two waves on the H200's 132 SMs
 _MIN_POSITIONS_PER_SPLIT = 256
-# Arrival counters of split launches, one per (row, KV head): a launch splits only while it
-# has fewer pairs than _TARGET_PROGRAMS, so this many serve every split launch.
-_COUNTER_SLOTS = 1024
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def triton_available() -> bool:
@@ -138,33 +131,17 @@ def _triton_decode_attention(
     parts = max(splits, 2) if splits > 1 else 1  # unused when one split writes `out` directly
     acc = torch.empty(batch, heads, parts, dim, device=q.device, dtype=torch.float32)
     stats = torch.empty(batch, heads, parts, 2, device=q.device, dtype=torch.float32)
-    counters = _counters(q.device) if splits > 1 and batch * kv_heads <= _COUNTER_SLOTS else None
     grid = (batch, kv_heads, splits)
     _decode_kernel[grid](
         q, k_new, v_new, k_cache, v_cache, slots, positions, out, acc, stats,
-        acc if counters is None else counters,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0),
         v_new.stride(1), *k_cache.stride()[:3], scale,
         HEADS=heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        DIM=dim, SPLITS=splits, COMBINE=counters is not None, **_DECODE_TILES,
+        DIM=dim, SPLITS=splits, **_DECODE_TILES,
     )  # fmt: skip
-    if splits > 1 and counters is None:
+    if splits > 1:
         _combine_kernel[(batch, heads)](acc, stats, out, SPLITS=splits, DIM=dim)
     return out
-
-
-def _counters(device: torch.device) -> torch.Tensor | None:
-    """The split launches' arrival counters on ``device``, zero between launches (the last
-    program of each pair sets its own back). Made outside CUDA graph capture, where the
-    engine's eager warm-up calls first; asked for first under capture, None: the separate
-    combine kernel then serves (a buffer from one graph's pool must not outlive the graph)."""
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
-        _COUNTERS[device] = counters
-    return counters
 
 
 def prompt_attention(
@@ -203,11 +180,10 @@ def _define_kernels() -> tuple[Any, Any, Any]:
     @triton.jit  # type: ignore[untyped-decorator]
     def decode_kernel(  # type: ignore[no-untyped-def]
         q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, out_ptr, acc_ptr, stats_ptr,
-        count_ptr, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
+        stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
         stride_slot, stride_head, stride_pos, scale,
         HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
         DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-        COMBINE: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -261,39 +237,6 @@ def _define_kernels() -> tuple[Any, Any, Any]:
             tl.store(acc_ptr + part[:, None] * DIM + offs_d[None, :], acc, mask=g_mask[:, None])
             tl.store(stats_ptr + part * 2, m_i, mask=g_mask)
             tl.store(stats_ptr + part * 2 + 1, l_i, mask=g_mask)
-            if COMBINE:
-                # The last program of this (row, KV head) to arrive combines the splits, so
-                # no combine kernel follows (at one row it took 1.5 us a layer, and a launch).
-                # The barrier puts every thread's stores before the counter's release.
-                tl.debug_barrier()
-                counter = count_ptr + row * (HEADS // GROUP) + kvh
-                arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-                if arrived == SPLITS - 1:
-                    first = (row * HEADS + head) * SPLITS
-                    m_all = tl.full([BLOCK_G], float("-inf"), tl.float32)
-                    for s in range(SPLITS):
-                        m_s = tl.load(stats_ptr + (first + s) * 2, mask=g_mask, other=0.0,
-                                      cache_modifier=".cg")  # fmt: skip
-                        l_s = tl.load(stats_ptr + (first + s) * 2 + 1, mask=g_mask, other=0.0,
-                                      cache_modifier=".cg")  # fmt: skip
-                        m_all = tl.where(l_s > 0, tl.maximum(m_all, m_s), m_all)
-                    total = tl.zeros([BLOCK_G, DIM], tl.float32)
-                    weights = tl.zeros([BLOCK_G], tl.float32)
-                    for s in range(SPLITS):
-                        m_s = tl.load(stats_ptr + (first + s) * 2, mask=g_mask, other=0.0,
-                                      cache_modifier=".cg")  # fmt: skip
-                        l_s = tl.load(stats_ptr + (first + s) * 2 + 1, mask=g_mask, other=0.0,
-                                      cache_modifier=".cg")  # fmt: skip
-                        w = tl.where(l_s > 0, tl.exp(m_s - m_all), 0.0)
-                        a = tl.load(acc_ptr + (first + s)[:, None] * DIM + offs_d[None, :],
-                                    mask=g_mask[:, None] & (l_s > 0)[:, None], other=0.0,
-                                    cache_modifier=".cg")  # fmt: skip
-                        total += a * w[:, None]
-                        weights += l_s * w
-                    out = total / tl.where(weights > 0, weights, 1.0)[:, None]
-                    tl.store(out_ptr + out_off, out.to(out_ptr.dtype.element_ty),
-                             mask=g_mask[:, None])  # fmt: skip
-                    tl.store(counter, 0)  # zero again for the next launch
 
     @triton.jit  # type: ignore[untyped-decorator]
     def combine_kernel(acc_ptr, stats_ptr, out_ptr, SPLITS: tl.constexpr, DIM: tl.constexpr):  # type: ignore[no-untyped-def]
