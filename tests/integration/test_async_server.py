@@ -267,6 +267,8 @@ def test_every_worker_gets_a_thread_safe_request_map(async_server: Server) -> No
         timeout=30,
     )
     assert response.status_code == 200, response.text
+    unkeyed = requests.get(f"{async_server.management_url()}/{URL_PATTERN}", timeout=30)
+    assert unkeyed.status_code != 200  # behind the management key, as the whole API
     counts = response.json()
     workers = len(model_workers(async_server, MODEL))
     # every worker of this server, the replacement of a killed engine's worker included
