@@ -77,7 +77,13 @@ public class HymtFrontendGuard extends ModelServerEndpoint {
         while (true) {
             try {
                 scan();
-            } catch (ReflectiveOperationException | RuntimeException e) {
+            } catch (ReflectiveOperationException e) {
+                // not the classes and fields of TorchServe 0.12.0: nothing to guard here
+                errors.incrementAndGet();
+                lastError = e.toString();
+                logger.error("hymt frontend guard: stopped, this TorchServe is not 0.12.0's", e);
+                return;
+            } catch (RuntimeException e) {
                 if (errors.incrementAndGet() <= 3) {
                     logger.warn("hymt frontend guard: scan failed", e);
                 }
