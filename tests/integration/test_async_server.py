@@ -277,3 +277,28 @@ def test_every_worker_gets_a_thread_safe_request_map(async_server: Server) -> No
     assert counts["scan_errors"] == 0, counts
     log = (async_server.log_dir / "ts_log.log").read_text(errors="replace")
     assert "request map is now thread-safe" in log
+
+
+def test_the_front_end_writes_no_log_line_per_request(async_server: Server) -> None:
+    """TorchServe 0.12.0's own log configuration wrote about ten lines per request to ts_log.log
+    and again to the server's output (logs/start.log, which nothing rotates); `hymt start`
+    passes ours (handler/hymt_serve/ops/log4j2.xml): the access log keeps one line a request."""
+    logs = async_server.log_dir
+    names = ("start.log", "ts_log.log", "model_log.log", "access_log.log")
+
+    def lines() -> dict[str, int]:
+        return {n: len((logs / n).read_bytes().splitlines()) for n in names}
+
+    before = lines()
+    body = {"text": "Good morning.", "target_lang": "fr", "max_new_tokens": 4}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda _: post(async_server, body), range(40)))
+    assert [r.status_code for r in responses] == [200] * 40
+    time.sleep(1)  # the access line is written after the reply
+    grown = {n: count - before[n] for n, count in lines().items()}
+    assert grown["access_log.log"] >= 40, grown
+    for name in ("start.log", "ts_log.log", "model_log.log"):
+        assert grown[name] < 10, grown  # none per request (a metrics flush or two may log)
+    # what is not per request stays: the server's start-up, the handler's own lines
+    assert "Torchserve version: 0.12.0" in (logs / "ts_log.log").read_text(errors="replace")
+    assert "handler ready" in (logs / "model_log.log").read_text(errors="replace")

@@ -157,3 +157,18 @@ def test_the_servers_python_path_is_absolute(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["handler", "/opt/site"]))
     env = Server(tmp_path / "run").environment()
     assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "handler"), "/opt/site"]
+
+
+def test_start_passes_our_log_config_unless_the_config_names_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    commands: list[list[str]] = []
+    monkeypatch.setattr(launcher.Server, "environment", lambda self: {})
+    monkeypatch.setattr(subprocess, "run", lambda command, **kw: commands.append(command))
+    config = Path(__file__).resolve().parents[2] / "config.properties"
+    launcher.start(config, tmp_path / "a")
+    assert commands[-1][-2:] == ["--log-config", str(launcher.LOG_CONFIG)]
+    assert launcher.LOG_CONFIG.is_file()
+    own = "-Xmx2g -Dlog4j.configurationFile=file:///etc/mine.xml"
+    launcher.start(config, tmp_path / "b", overrides={"vmargs": own})
+    assert "--log-config" not in commands[-1]

@@ -31,6 +31,8 @@ from hymt_serve.ops.frontend_guard import plugins_path
 from hymt_serve.ops.properties import read_properties, render_config, write_properties
 
 KEY_FILE = "key_file.json"
+# The front end's logging: TorchServe's files, without its per-request lines (the file says).
+LOG_CONFIG = Path(__file__).with_name("log4j2.xml")
 MIN_JAVA = 11
 
 
@@ -214,6 +216,8 @@ def start(
         shutil.rmtree(workdir / "logs.previous", ignore_errors=True)
         server.log_dir.rename(workdir / "logs.previous")
     command = [*torchserve_command(), "--start", "--ncs", "--ts-config", str(server.config_path)]
+    if "-Dlog4j.configurationFile=" not in values.get("vmargs", ""):  # a config's own wins
+        command += ["--log-config", str(LOG_CONFIG)]
     if models:
         command += ["--models", *models]
     if foreground:
