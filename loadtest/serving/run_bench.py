@@ -255,7 +255,8 @@ def bench_torchserve(
     """One worker per GPU (TorchServe assigns GPUs to workers round robin), or K sharing its
     engine process with ``+sharedK``."""
     from hymt_serve.ops.archive import build_archive
-    from hymt_serve.ops.launcher import log_excerpt, start, stop, wait_ready
+    from hymt_serve.ops.launcher import start, stop, wait_ready
+    from hymt_serve.ops.server_logs import log_excerpt
 
     profile = "cpu" if args.tiny else "gpu"
     template = REPO / f"configs/model-config-{profile}.yaml"
@@ -326,7 +327,9 @@ def bench_torchserve(
 
         def save_log() -> None:  # what TorchServe logged, beside the report
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / f"errors-{mode}-{gpus}.log").write_text(log_excerpt(server, 200) + "\n")
+            (args.out / f"errors-{mode}-{gpus}.log").write_text(
+                log_excerpt(server.log_dir, 200) + "\n"
+            )
 
         rows = measure_levels(
             labels, make_job, args.users, args.duration, sampler, args.client_processes, cpu,

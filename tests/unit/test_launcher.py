@@ -13,6 +13,7 @@ from hymt_serve.ops.archive import parse_override, render_model_config
 from hymt_serve.ops.launcher import Server
 from hymt_serve.ops.properties import render_properties
 from hymt_serve.ops.server_cli import model_names as _model_names
+from hymt_serve.ops.server_logs import LOG_CONFIG, setting_refused
 
 
 def test_render_properties_resolves_relative_paths_and_applies_overrides(tmp_path: Path) -> None:
@@ -107,17 +108,17 @@ def test_model_config_rendering(tmp_path: Path) -> None:
 
 def test_a_refused_setting_is_read_from_the_model_log(tmp_path: Path) -> None:
     server = Server(tmp_path)
-    assert launcher.setting_refused(server) is None  # no logs yet
+    assert setting_refused(server.log_dir) is None  # no logs yet
     (tmp_path / "logs").mkdir()
     log = tmp_path / "logs/model_log.log"
     log.write_text("2026-12-01T11:06:10,434 [INFO ] W-9000-hunyuan-mt_1.0-stdout MODEL_LOG - ok\n")
-    assert launcher.setting_refused(server) is None
+    assert setting_refused(server.log_dir) is None
     prefix = "2026-12-01T11:06:26,406 [INFO ] W-9000-hunyuan-mt_1.0-stdout MODEL_LOG - "
     error = "hymt_serve.request.errors.ConfigurationError: "
     with log.open("a") as out:  # the engine process's own line, then the worker's
         out.write(f"{prefix}{error}the fast engine cannot start: no C compiler\n")
         out.write(f"{prefix}{error}the engine process failed to load: no C compiler \n")
-    assert launcher.setting_refused(server) == "the engine process failed to load: no C compiler"
+    assert setting_refused(server.log_dir) == "the engine process failed to load: no C compiler"
 
 
 def fake_worker(socket: Path) -> subprocess.Popen[bytes]:
@@ -167,8 +168,8 @@ def test_start_passes_our_log_config_unless_the_config_names_one(
     monkeypatch.setattr(subprocess, "run", lambda command, **kw: commands.append(command))
     config = Path(__file__).resolve().parents[2] / "config.properties"
     launcher.start(config, tmp_path / "a")
-    assert commands[-1][-2:] == ["--log-config", str(launcher.LOG_CONFIG)]
-    assert launcher.LOG_CONFIG.is_file()
+    assert commands[-1][-2:] == ["--log-config", str(LOG_CONFIG)]
+    assert LOG_CONFIG.is_file()
     own = "-Xmx2g -Dlog4j.configurationFile=file:///etc/mine.xml"
     launcher.start(config, tmp_path / "b", overrides={"vmargs": own})
     assert "--log-config" not in commands[-1]

@@ -29,10 +29,15 @@ from hymt_serve.engine.shared import exists as alive
 from hymt_serve.engine.shared import stop_engines, terminate
 from hymt_serve.ops.frontend_guard import plugins_path
 from hymt_serve.ops.properties import read_properties, render_config, write_properties
+from hymt_serve.ops.server_logs import (
+    GIVE_UP_AFTER,
+    LOG_CONFIG,
+    load_failures,
+    log_excerpt,
+    setting_refused,
+)
 
 KEY_FILE = "key_file.json"
-# The front end's logging: TorchServe's files, without its per-request lines (the file says).
-LOG_CONFIG = Path(__file__).with_name("log4j2.xml")
 MIN_JAVA = 11
 
 
@@ -288,69 +293,33 @@ def wait_ready(
     grace = time.monotonic() + 15  # the pid file appears a moment after --start returns
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise LaunchError(f"TorchServe exited with {process.returncode}\n{log_excerpt(server)}")
+            raise LaunchError(
+                f"TorchServe exited with {process.returncode}\n{log_excerpt(server.log_dir)}"
+            )
         if process is None and server.pid() is None and time.monotonic() > grace:
-            raise LaunchError(f"TorchServe is not running\n{log_excerpt(server)}")
+            raise LaunchError(f"TorchServe is not running\n{log_excerpt(server.log_dir)}")
         try:
             if all(all_ready(model_status(server, name)) for name in names):
                 return
         except (requests.RequestException, ValueError, KeyError):
             pass
-        failing = [name for name in names if load_failures(server, name) >= GIVE_UP_AFTER]
+        failing = [name for name in names if load_failures(server.log_dir, name) >= GIVE_UP_AFTER]
         if failing:
             raise LaunchError(
-                f"loading {failing} failed {GIVE_UP_AFTER} times\n{log_excerpt(server)}"
+                f"loading {failing} failed {GIVE_UP_AFTER} times\n{log_excerpt(server.log_dir)}"
             )
-        if refused := setting_refused(server):
-            raise LaunchError(f"a worker refused its settings: {refused}\n{log_excerpt(server)}")
+        if refused := setting_refused(server.log_dir):
+            raise LaunchError(
+                f"a worker refused its settings: {refused}\n{log_excerpt(server.log_dir)}"
+            )
         time.sleep(0.5)
     raise LaunchError(
-        f"models {list(names)} not READY after {timeout:.0f} s\n{log_excerpt(server)}"
+        f"models {list(names)} not READY after {timeout:.0f} s\n{log_excerpt(server.log_dir)}"
     )
-
-
-GIVE_UP_AFTER = 2  # failed loads of one model: a bad setting or path does not heal
-
-
-def load_failures(server: Server, name: str) -> int:
-    """How many times TorchServe logged that loading model ``name`` failed."""
-    path = server.log_dir / "ts_log.log"
-    if not path.is_file():
-        return 0
-    marker = f"Load model failed: {name},"
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    return len({line for line in lines if marker in line})  # the log writes each line twice
-
-
-_REFUSED = re.compile(r"hymt_serve\.request\.errors\.ConfigurationError: (.*)")
-
-
-def setting_refused(server: Server) -> str | None:
-    """The handler's last ConfigurationError in the model log: a setting, or a missing
-    package or compiler, that no retry heals. In async mode TorchServe logs no "Load model
-    failed" and restarts the worker only minutes later, so this is what ends the wait there."""
-    path = server.log_dir / "model_log.log"
-    if not path.is_file():
-        return None
-    found = _REFUSED.findall(path.read_text(encoding="utf-8", errors="replace"))
-    return found[-1].strip() if found else None
 
 
 def all_ready(statuses: list[str]) -> bool:
     return bool(statuses) and all(status == "READY" for status in statuses)
-
-
-def log_excerpt(server: Server, lines: int = 40) -> str:
-    """The last error-looking lines of the model and server logs."""
-    parts = []
-    for name in ("start.log", "model_log.log", "ts_log.log"):
-        path = server.log_dir / name
-        if not path.is_file():
-            continue
-        text = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        wanted = [line for line in text if re.search(r"ERROR|Error:|Exception|raise", line)]
-        parts.append(f"--- {path} ---\n" + "\n".join((wanted or text)[-lines:]))
-    return "\n".join(parts) or f"(no logs in {server.log_dir})"
 
 
 def stop_web(server: Server, timeout: float = 10.0) -> bool:

@@ -17,10 +17,10 @@ from hymt_serve.ops.launcher import (
     LaunchError,
     Server,
     all_ready,
-    log_excerpt,
     model_status,
     model_workers,
 )
+from hymt_serve.ops.server_logs import log_excerpt
 
 
 class ScaleRefused(LaunchError):
@@ -58,7 +58,9 @@ def scale(
     statuses = model_status(server, name)
     while not (len(statuses) == workers and all_ready(statuses)):
         if time.monotonic() > deadline:
-            raise LaunchError(f"workers {statuses} after {timeout:.0f} s\n{log_excerpt(server)}")
+            raise LaunchError(
+                f"workers {statuses} after {timeout:.0f} s\n{log_excerpt(server.log_dir)}"
+            )
         time.sleep(0.5)
         statuses = model_status(server, name)
     return statuses
