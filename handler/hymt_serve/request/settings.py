@@ -82,7 +82,8 @@ class Settings:
     engine: str = "auto"
     # CUDA only: the library PyTorch's dense products go to (torch.backends.cuda's
     # preferred_blas_library), for the whole engine process. cublaslt: a 64-row decode step
-    # took 0.96 x the time on an H200 (benchmarks/decode/blas/); serving not measured yet.
+    # took 0.96 x the time on an H200 (benchmarks/decode/blas/), but through TorchServe it
+    # served 0.98 x the requests/s at 256 users (benchmarks/serving/guard-h200/).
     blas_library: str = "cublas"
     # Which model family's prompts and request features (auto: from the model folder's name).
     prompt_family: str = "auto"
