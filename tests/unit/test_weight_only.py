@@ -58,10 +58,6 @@ def test_the_products_are_the_dequantized_weight_s(form: str) -> None:
     torch.testing.assert_close(
         weight_only.linear(x, q, scale).double(), expected, rtol=1e-5, atol=1e-5
     )
-    if form == "int4":  # the GPU's path for more than 16 rows, in fp32 here
-        torch.testing.assert_close(
-            weight_only.widened(x, q, scale).double(), expected, rtol=1e-5, atol=1e-5
-        )
 
 
 def test_an_int4_model_stays_close_to_the_unquantized_one() -> None:
@@ -120,7 +116,8 @@ def test_the_kernels_compute_the_reference_product_in_triton_s_interpreter() -> 
 
 
 # The kernels inside a compiled function with a dynamic batch, as the engine's step functions
-# run them, counting the graphs dynamo builds for 1, 2-16 and more rows.
+# run them, counting the graphs dynamo builds for 1, 2-16 and more rows (int4's larger batches:
+# the tiled kernel and the sum over its splits up to 16 rows, the widening kernel above).
 COMPILED_GRAPHS = textwrap.dedent(
     """
     import torch.nn.functional as F
@@ -158,9 +155,9 @@ COMPILED_GRAPHS = textwrap.dedent(
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
-def test_int8_compiles_the_graphs_bf16_does_with_a_dynamic_batch() -> None:
-    """int8's split of the input does not depend on the rows, so one graph serves every batch
-    above 1 (as for bf16); int4 has one more, for the rows above 16 that it widens."""
+def test_int8_and_int4_compile_the_graphs_bf16_does_with_a_dynamic_batch() -> None:
+    """int8's split of the input does not depend on the rows, and int4 picks its path for
+    more than one row inside its op, so one graph serves every batch above 1 (as for bf16)."""
     found = run_interpreted(COMPILED_GRAPHS, timeout=600)
-    assert found["int8"][0] == 2 and found["int4"][0] == 3, found
+    assert found["int8"][0] == 2 and found["int4"][0] == 2, found
     assert max(found["int8"][1], found["int4"][1]) < 5e-3, found  # fp16 output rounding

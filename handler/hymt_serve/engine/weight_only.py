@@ -16,11 +16,18 @@ on tensor cores with fp32 accumulation and writes fp32 partial sums ``[splits, r
 the caller sums the splits and applies int8's row scale, which inductor fuses into the next
 kernel. int4 words are not unpacked into a tile: nibble ``j`` of every word meets the inputs
 ``j, j + 8, j + 16, ...`` of the block in a product of its own, so no data moves between
-threads. One row runs on CUDA cores (``one_row_kernel``) where that is faster (int4); more
-than 16 rows of int4 widen the weights for cuBLAS (:func:`widened`).
-It runs as the custom op ``hymt::weight_only`` so that compiled step functions carry it.
-Off CUDA (or without Triton) :func:`reference` computes the same numbers from the
-dequantized weight.
+threads. One row runs on CUDA cores (``one_row_kernel``) where that is faster (int4).
+The kernels' code is in :mod:`hymt_serve.engine.weight_only_kernels`.
+
+They run as custom ops, so that compiled step functions carry them: ``hymt::weight_only``
+for int8 and for int4's one row (partial sums out, summed and scaled inside the next kernel
+by inductor); ``hymt::int4_rows`` for int4's larger batches, which picks its path inside: up
+to 16 rows the tiled kernel and a sum over its splits, more rows the weight widened for
+cuBLAS. Dynamo then sees no branch on the row count above one, so an int4 step function
+compiles the two graphs bf16's does (batch 1, every other), not three: the third put seconds
+of compiling on an int4 engine's start (benchmarks/decode/quantized/ready-compiles/). Off
+CUDA (or without Triton) :func:`reference` computes the same numbers from the dequantized
+weight.
 """
 
 from __future__ import annotations
@@ -31,12 +38,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hymt_serve.engine import weight_only_kernels as kernels
+
 try:
     import triton
-    import triton.language as tl
 except ImportError:  # the CPU image has no Triton; the reference serves there
     triton = None
-    tl = None
 
 INT8, INT4 = 0, 2
 FEW_ROWS = 16  # up to this many rows a product is a read of the weights
@@ -163,16 +170,6 @@ def has_triton() -> bool:
     return triton is not None
 
 
-def widened(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-    """int4 weights widened to ``x``'s dtype, then one dense product. For more than a few rows
-    on the GPU: the tiled int4 kernel took 22.7 ms per pass over a 7B's projections at 64
-    rows (bf16: 4.1 ms; int8 in the same kernel: 3.8 ms; weight_only_gemm.py), its eight
-    16-deep products per block starving the tensor cores. Inside a compiled step inductor
-    can make the widening one kernel that writes the bf16 weight for cuBLAS (this path is
-    not measured yet)."""
-    return x @ _int4_inputs_first(weight, scale).to(x.dtype)
-
-
 def kernel_available(x: Tensor) -> bool:
     return triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
 
@@ -188,29 +185,23 @@ def splits_for(weight: Tensor, config: Config) -> int:
     return splits
 
 
-def splits_of(kind: int, weight: Tensor, rows: int) -> int:
-    """The split of the input dimension the product of ``rows`` rows runs with. int8's does
-    not depend on the rows (the few-rows tiles': for a 7B's projections and head the same as
-    the many-rows tiles' would be), so a step compiled with a symbolic batch needs no guard on
-    it and int8 compiles the graphs bf16 does (batch 1, every other); the kernel's tiles are
-    picked inside the op. int4 widens above 16 rows anyway (a branch of its own)."""
-    if kind == INT8:
-        return splits_for(weight, FEW_ROWS_CONFIGS[INT8])
-    return splits_for(weight, config_for(kind, rows))
-
-
 def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """``x @ dequantize(weight, scale).T`` in ``x``'s dtype: the kernel on CUDA, else the
-    reference. Inside a compiled function the scale and the sum over splits fuse into the
-    kernel that follows."""
+    reference. Inside a compiled function int8's scale and sum over splits (and int4's sum at
+    one row) fuse into the kernel that follows."""
     kind = kind_of(weight)
     assert kind is not None, weight.dtype
     if not kernel_available(x) or (kind == INT4 and in_features(weight) // scale.shape[1] % 128):
         return reference(x, weight, scale)  # (the kernel takes int4 groups of 128 inputs or more)
-    if kind == INT4 and x.shape[0] > FEW_ROWS:
-        return widened(x, weight, scale)
-    splits = splits_of(kind, weight, x.shape[0])
     group = in_features(weight) // scale.shape[1] if kind == INT4 else 0
+    if kind == INT4 and x.shape[0] > 1:  # batch 1 is specialised, a dynamic one is 2 or more:
+        out: Tensor = torch.ops.hymt.int4_rows(x.contiguous(), weight, scale, group)  # no guard
+        return out
+    # int8's split does not depend on the rows (the few-rows tiles': for a 7B's projections
+    # and head the same as the many-rows tiles' would be), so a step compiled with a symbolic
+    # batch needs no guard on it; the kernel's tiles are picked inside the op.
+    config = FEW_ROWS_CONFIGS[INT8] if kind == INT8 else ONE_ROW_CONFIGS[INT4]
+    splits = splits_for(weight, config)
     parts: Tensor = torch.ops.hymt.weight_only(x.contiguous(), weight, scale, kind, group, splits)
     out = parts.sum(0) if splits > 1 else parts[0]
     if kind == INT8:
@@ -256,128 +247,48 @@ def launch(
     return parts
 
 
+@torch.library.custom_op("hymt::int4_rows", mutates_args=())
+def _int4_rows(x: Tensor, weight: Tensor, scale: Tensor, group: int) -> Tensor:
+    """int4 products of more than one row, in ``x``'s dtype."""
+    if x.shape[0] > FEW_ROWS:
+        return x @ widen_int4(weight, scale, group, x.dtype)
+    config = FEW_ROWS_CONFIGS[INT4]
+    parts = launch(x, weight, scale, INT4, group, splits_for(weight, config), config)
+    return sum_splits(parts, x.dtype)
+
+
+@_int4_rows.register_fake
+def _(x: Tensor, weight: Tensor, scale: Tensor, group: int) -> Tensor:
+    return x.new_empty(x.shape[0], out_features(weight))
+
+
+WIDEN_WORDS, WIDEN_COLUMNS = 16, 128  # the widening kernel's tile: 128 inputs by 128 columns
+
+
+def widen_int4(weight: Tensor, scale: Tensor, group: int, dtype: torch.dtype) -> Tensor:
+    """An int4 weight as ``[in, out]`` in ``dtype``, in one kernel, for cuBLAS (``group``: a
+    multiple of 128, as :func:`linear` checks). (Above 16
+    rows the tiled kernel's eight 16-deep products per block starve the tensor cores: 22.7 ms
+    per pass over a 7B's projections at 64 rows, against bf16's 4.1; weight_only_gemm.py.)"""
+    inputs, cols = in_features(weight), out_features(weight)
+    out = torch.empty(inputs, cols, dtype=dtype, device=weight.device)
+    grid = (triton.cdiv(inputs // 8, WIDEN_WORDS), triton.cdiv(cols, WIDEN_COLUMNS))
+    kernels.widen_int4_kernel[grid](
+        weight, scale, out, cols, inputs, GROUP=group, WORDS=WIDEN_WORDS, BLOCK_N=WIDEN_COLUMNS
+    )
+    return out
+
+
+def sum_splits(parts: Tensor, dtype: torch.dtype) -> Tensor:
+    """``parts [splits, rows, out]`` (fp32) summed over the splits, in ``dtype``."""
+    out = parts.new_empty(parts.shape[1:], dtype=dtype)
+    size, block = out.numel(), 1024
+    kernels.sum_splits_kernel[(triton.cdiv(size, block),)](
+        parts, out, size, parts.shape[0], BLOCK=block
+    )
+    return out
+
+
 def _kernels() -> tuple[Any, Any]:
     """The tiled kernel (tensor cores) and the one-row kernel (CUDA cores)."""
-    return weight_only_kernel, one_row_kernel
-
-
-# Triton compiles a kernel once per class of each integer argument's value (1, a multiple of 16,
-# other) unless told not to. The row count is only compared with, so one compile per tile
-# config serves every batch and prompt length: an int8 + head engine's start compiled the
-# tiled kernel 4 times, against 9 with the rows specialised
-# (benchmarks/decode/quantized/ready-compiles/).
-ROWS_ARG = ["M"]
-
-# The kernels exist where Triton does (module level: jitted code finds its helpers by name).
-if triton is not None:
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def int4_block(  # type: ignore[no-untyped-def]
-        w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP: tl.constexpr, WORDS: tl.constexpr
-    ):
-        # WORDS packed words from input k0 on (8 inputs each), with the group's scales and
-        # zero points; past K (the last split's tail) everything loads as zero.
-        words = k0 // 8 + tl.arange(0, WORDS)
-        word_ok = words < K // 8
-        packed = tl.load(
-            w_ptr + words[:, None] * N + cols[None, :],
-            mask=word_ok[:, None] & col_ok[None, :],
-            other=0,
-        )
-        g = k0 // GROUP
-        live = col_ok & (k0 < K)
-        scale = tl.load(s_ptr + g * N + cols, mask=live, other=0.0).to(tl.float32)
-        zero = tl.load(s_ptr + (K // GROUP + g) * N + cols, mask=live, other=0.0).to(tl.float32)
-        return words, word_ok, packed, scale, zero
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def widen_nibbles(packed, j: tl.constexpr, zero):  # type: ignore[no-untyped-def]
-        # Nibble j of every word, minus its zero point, as fp32: OR'd into the mantissa of
-        # 2^23 it reads as 2^23 + q, less 2^23 + zero (both exact in fp32): two integer
-        # operations and a subtraction per weight instead of an integer-to-float conversion.
-        # In the one-row kernel 2.5 % faster per pass on the H200 (weight_only_gemm.py).
-        bits = ((packed >> (4 * j)) & 0xF) | 0x4B000000
-        return bits.to(tl.float32, bitcast=True) - (zero + 8388608.0)[None, :]
-
-    @triton.jit(do_not_specialize=ROWS_ARG)  # type: ignore[untyped-decorator]
-    def weight_only_kernel(  # type: ignore[no-untyped-def]
-        x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
-        KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN,
-    ):  # fmt: skip
-        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < M
-        col_ok = cols < N
-        start = tl.program_id(1) * SPAN
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for offset in range(0, SPAN, BLOCK_K):
-            k0 = start + offset
-            if KIND == 2:
-                words, word_ok, packed, scale, zero = int4_block(
-                    w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP, BLOCK_K // 8
-                )  # (widen_nibbles was 3 % slower here at 8 rows)
-                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for j in tl.static_range(8):  # nibble j: inputs k0 + j, k0 + j + 8, ...
-                    x = tl.load(
-                        x_ptr + rows[:, None] * stride_xm + (words * 8 + j)[None, :],
-                        mask=row_ok[:, None] & word_ok[None, :],
-                        other=0.0,
-                    )
-                    q = ((packed >> (4 * j)) & 0xF).to(tl.float32) - zero[None, :]
-                    part += tl.dot(x, q.to(x.dtype))
-                acc += part * scale[None, :]
-            else:
-                ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < K
-                x = tl.load(
-                    x_ptr + rows[:, None] * stride_xm + ks[None, :],
-                    mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0,
-                )
-                w = tl.load(
-                    w_ptr + cols[None, :] * K + ks[:, None],
-                    mask=k_ok[:, None] & col_ok[None, :],
-                    other=0,
-                )
-                acc += tl.dot(x, w.to(x.dtype))
-        out = out_ptr + tl.program_id(1) * M * N + rows[:, None] * N + cols[None, :]
-        tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
-
-    @triton.jit(do_not_specialize=ROWS_ARG)  # type: ignore[untyped-decorator]
-    def one_row_kernel(  # type: ignore[no-untyped-def]
-        x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
-        KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN,
-    ):  # fmt: skip
-        # Products of single rows on CUDA cores: a [k, n] tile of fp32 partial sums, reduced
-        # over k once at the end. One program per (column tile, split, row).
-        row = tl.program_id(2)
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < N
-        start = tl.program_id(1) * SPAN
-        DEPTH: tl.constexpr = BLOCK_K // 8 if KIND == 2 else BLOCK_K
-        acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
-        for offset in range(0, SPAN, BLOCK_K):
-            k0 = start + offset
-            if KIND == 2:
-                words, word_ok, packed, scale, zero = int4_block(
-                    w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP, DEPTH
-                )
-                part = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
-                for j in tl.static_range(8):
-                    x = tl.load(x_ptr + row * stride_xm + words * 8 + j, mask=word_ok, other=0.0)
-                    part += widen_nibbles(packed, j, zero) * x.to(tl.float32)[:, None]
-                acc += part * scale[None, :]
-            else:
-                ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < K
-                x = tl.load(x_ptr + row * stride_xm + ks, mask=k_ok, other=0.0)
-                w = tl.load(
-                    w_ptr + cols[None, :] * K + ks[:, None],
-                    mask=k_ok[:, None] & col_ok[None, :],
-                    other=0,
-                )
-                acc += w.to(tl.float32) * x.to(tl.float32)[:, None]
-        out = out_ptr + tl.program_id(1) * M * N + row * N + cols
-        tl.store(out, tl.sum(acc, axis=0), mask=col_ok)
+    return kernels.weight_only_kernel, kernels.one_row_kernel

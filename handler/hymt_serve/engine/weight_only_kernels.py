@@ -1,0 +1,170 @@
+"""The Triton kernels of :mod:`hymt_serve.engine.weight_only` (that module says what each
+weight form is and when each kernel runs):
+
+- ``weight_only_kernel``: tiles of rows on tensor cores, fp32 partial products per split;
+- ``one_row_kernel``: one row on CUDA cores, the same partial products;
+- ``widen_int4_kernel``: an int4 weight written out in the activations' dtype, for cuBLAS;
+- ``sum_splits_kernel``: partial products summed over their splits, in the output's dtype.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU image has no Triton; the reference serves there
+    triton = None
+    tl = None
+
+# Triton compiles a kernel once per class of each integer argument's value (1, a multiple of 16,
+# other) unless told not to. The row count is only compared with, so one compile per tile
+# config serves every batch and prompt length: an int8 + head engine's start compiled the
+# tiled kernel 4 times, against 9 with the rows specialised
+# (benchmarks/decode/quantized/ready-compiles/).
+ROWS_ARG = ["M"]
+
+# The kernels exist where Triton does (module level: jitted code finds its helpers by name).
+if triton is not None:
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def int4_block(  # type: ignore[no-untyped-def]
+        w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP: tl.constexpr, WORDS: tl.constexpr
+    ):
+        # WORDS packed words from input k0 on (8 inputs each), with the group's scales and
+        # zero points; past K (the last split's tail) everything loads as zero.
+        words = k0 // 8 + tl.arange(0, WORDS)
+        word_ok = words < K // 8
+        packed = tl.load(
+            w_ptr + words[:, None] * N + cols[None, :],
+            mask=word_ok[:, None] & col_ok[None, :],
+            other=0,
+        )
+        g = k0 // GROUP
+        live = col_ok & (k0 < K)
+        scale = tl.load(s_ptr + g * N + cols, mask=live, other=0.0).to(tl.float32)
+        zero = tl.load(s_ptr + (K // GROUP + g) * N + cols, mask=live, other=0.0).to(tl.float32)
+        return words, word_ok, packed, scale, zero
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def widen_nibbles(packed, j: tl.constexpr, zero):  # type: ignore[no-untyped-def]
+        # Nibble j of every word, minus its zero point, as fp32: OR'd into the mantissa of
+        # 2^23 it reads as 2^23 + q, less 2^23 + zero (both exact in fp32): two integer
+        # operations and a subtraction per weight instead of an integer-to-float conversion.
+        # In the one-row kernel 2.5 % faster per pass on the H200 (weight_only_gemm.py).
+        bits = ((packed >> (4 * j)) & 0xF) | 0x4B000000
+        return bits.to(tl.float32, bitcast=True) - (zero + 8388608.0)[None, :]
+
+    @triton.jit(do_not_specialize=ROWS_ARG)  # type: ignore[untyped-decorator]
+    def weight_only_kernel(  # type: ignore[no-untyped-def]
+        x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
+        KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN,
+    ):  # fmt: skip
+        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < M
+        col_ok = cols < N
+        start = tl.program_id(1) * SPAN
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for offset in range(0, SPAN, BLOCK_K):
+            k0 = start + offset
+            if KIND == 2:
+                words, word_ok, packed, scale, zero = int4_block(
+                    w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP, BLOCK_K // 8
+                )  # (widen_nibbles was 3 % slower here at 8 rows)
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for j in tl.static_range(8):  # nibble j: inputs k0 + j, k0 + j + 8, ...
+                    x = tl.load(
+                        x_ptr + rows[:, None] * stride_xm + (words * 8 + j)[None, :],
+                        mask=row_ok[:, None] & word_ok[None, :],
+                        other=0.0,
+                    )
+                    q = ((packed >> (4 * j)) & 0xF).to(tl.float32) - zero[None, :]
+                    part += tl.dot(x, q.to(x.dtype))
+                acc += part * scale[None, :]
+            else:
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_ok = ks < K
+                x = tl.load(
+                    x_ptr + rows[:, None] * stride_xm + ks[None, :],
+                    mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0,
+                )
+                w = tl.load(
+                    w_ptr + cols[None, :] * K + ks[:, None],
+                    mask=k_ok[:, None] & col_ok[None, :],
+                    other=0,
+                )
+                acc += tl.dot(x, w.to(x.dtype))
+        out = out_ptr + tl.program_id(1) * M * N + rows[:, None] * N + cols[None, :]
+        tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
+
+    @triton.jit(do_not_specialize=ROWS_ARG)  # type: ignore[untyped-decorator]
+    def one_row_kernel(  # type: ignore[no-untyped-def]
+        x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
+        KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN,
+    ):  # fmt: skip
+        # Products of single rows on CUDA cores: a [k, n] tile of fp32 partial sums, reduced
+        # over k once at the end. One program per (column tile, split, row).
+        row = tl.program_id(2)
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        start = tl.program_id(1) * SPAN
+        DEPTH: tl.constexpr = BLOCK_K // 8 if KIND == 2 else BLOCK_K
+        acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
+        for offset in range(0, SPAN, BLOCK_K):
+            k0 = start + offset
+            if KIND == 2:
+                words, word_ok, packed, scale, zero = int4_block(
+                    w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP, DEPTH
+                )
+                part = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
+                for j in tl.static_range(8):
+                    x = tl.load(x_ptr + row * stride_xm + words * 8 + j, mask=word_ok, other=0.0)
+                    part += widen_nibbles(packed, j, zero) * x.to(tl.float32)[:, None]
+                acc += part * scale[None, :]
+            else:
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_ok = ks < K
+                x = tl.load(x_ptr + row * stride_xm + ks, mask=k_ok, other=0.0)
+                w = tl.load(
+                    w_ptr + cols[None, :] * K + ks[:, None],
+                    mask=k_ok[:, None] & col_ok[None, :],
+                    other=0,
+                )
+                acc += w.to(tl.float32) * x.to(tl.float32)[:, None]
+        out = out_ptr + tl.program_id(1) * M * N + row * N + cols
+        tl.store(out, tl.sum(acc, axis=0), mask=col_ok)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def widen_int4_kernel(  # type: ignore[no-untyped-def]
+        w_ptr, s_ptr, out_ptr, N, K, GROUP: tl.constexpr, WORDS: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        # WORDS packed words (8 * WORDS inputs, inside one group: WORDS * 8 divides GROUP) by
+        # BLOCK_N columns, written as w = scale * (q - zero) to out [K, N].
+        words = tl.program_id(0) * WORDS + tl.arange(0, WORDS)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        ok = (words < K // 8)[:, None] & col_ok[None, :]
+        packed = tl.load(w_ptr + words[:, None] * N + cols[None, :], mask=ok, other=0)
+        g = tl.program_id(0) * WORDS * 8 // GROUP
+        scale = tl.load(s_ptr + g * N + cols, mask=col_ok, other=0.0).to(tl.float32)
+        zero = tl.load(s_ptr + (K // GROUP + g) * N + cols, mask=col_ok, other=0.0).to(tl.float32)
+        for j in tl.static_range(8):  # nibble j of each word: input 8 * word + j
+            q = ((packed >> (4 * j)) & 0xF).to(tl.float32)
+            value = (q - zero[None, :]) * scale[None, :]
+            target = out_ptr + (words * 8 + j)[:, None] * N + cols[None, :]
+            tl.store(target, value.to(out_ptr.dtype.element_ty), mask=ok)
+
+    # (the split count: not specialised, so 4 and 16 splits share a compile)
+    @triton.jit(do_not_specialize=["SPLITS"])  # type: ignore[untyped-decorator]
+    def sum_splits_kernel(parts_ptr, out_ptr, SIZE, SPLITS, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        # out[i] = sum over s of parts[s, i] (fp32), stored in out's dtype.
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offsets < SIZE
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(SPLITS):
+            acc += tl.load(parts_ptr + s * SIZE + offsets, mask=ok, other=0.0)
+        tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=ok)
