@@ -62,11 +62,12 @@ class Config(NamedTuple):
 
 
 # Chosen on an H200 by benchmarks/decode/weight_only_gemm.py (a sweep over one pass of a
-# 7B's projections): for one row, 2-16 rows, and more. int4's one row: 1,056 programs, from
-# the sweep in benchmarks/decode/quantized/widening/ (2.347 against 2.401 ms at 528).
+# 7B's projections): for one row, 2-16 rows, and more. int4's one row: from the sweep in
+# benchmarks/decode/int4_pairs.py (2 warps, 2,112 programs: 2.11 ms; stages do not matter,
+# its loads are not pipelined by Triton).
 ONE_ROW_CONFIGS = {
     INT8: Config(16, 64, 256, 4, 3, 264),
-    INT4: Config(1, 64, 128, 4, 3, 1056),
+    INT4: Config(1, 64, 128, 2, 1, 2112),
 }
 FEW_ROWS_CONFIGS = {
     INT8: Config(16, 64, 256, 4, 3, 264),

@@ -28,31 +28,23 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int4_block(  # type: ignore[no-untyped-def]
-        w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP: tl.constexpr, WORDS: tl.constexpr
+        w_ptr, s_ptr, k0, limit, cols, col_ok, N, K, GROUP: tl.constexpr, WORDS: tl.constexpr
     ):
         # WORDS packed words from input k0 on (8 inputs each), with the group's scales and
-        # zero points; past K (the last split's tail) everything loads as zero.
+        # zero points; from input ``limit`` on (K, or the end of a split) everything loads as
+        # zero.
         words = k0 // 8 + tl.arange(0, WORDS)
-        word_ok = words < K // 8
+        word_ok = words < limit // 8
         packed = tl.load(
             w_ptr + words[:, None] * N + cols[None, :],
             mask=word_ok[:, None] & col_ok[None, :],
             other=0,
         )
         g = k0 // GROUP
-        live = col_ok & (k0 < K)
+        live = col_ok & (k0 < limit)
         scale = tl.load(s_ptr + g * N + cols, mask=live, other=0.0).to(tl.float32)
         zero = tl.load(s_ptr + (K // GROUP + g) * N + cols, mask=live, other=0.0).to(tl.float32)
         return words, word_ok, packed, scale, zero
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def widen_nibbles(packed, j: tl.constexpr, zero):  # type: ignore[no-untyped-def]
-        # Nibble j of every word, minus its zero point, as fp32: OR'd into the mantissa of
-        # 2^23 it reads as 2^23 + q, less 2^23 + zero (both exact in fp32): two integer
-        # operations and a subtraction per weight instead of an integer-to-float conversion.
-        # In the one-row kernel 2.5 % faster per pass on the H200 (weight_only_gemm.py).
-        bits = ((packed >> (4 * j)) & 0xF) | 0x4B000000
-        return bits.to(tl.float32, bitcast=True) - (zero + 8388608.0)[None, :]
 
     @triton.jit(do_not_specialize=ROWS_ARG)  # type: ignore[untyped-decorator]
     def weight_only_kernel(  # type: ignore[no-untyped-def]
@@ -70,8 +62,8 @@ if triton is not None:
             k0 = start + offset
             if KIND == 2:
                 words, word_ok, packed, scale, zero = int4_block(
-                    w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP, BLOCK_K // 8
-                )  # (widen_nibbles was 3 % slower here at 8 rows)
+                    w_ptr, s_ptr, k0, K, cols, col_ok, N, K, GROUP, BLOCK_K // 8
+                )
                 part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for j in tl.static_range(8):  # nibble j: inputs k0 + j, k0 + j + 8, ...
                     x = tl.load(
@@ -105,37 +97,76 @@ if triton is not None:
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN,
     ):  # fmt: skip
-        # Products of single rows on CUDA cores: a [k, n] tile of fp32 partial sums, reduced
-        # over k once at the end. One program per (column tile, split, row).
-        row = tl.program_id(2)
+        # Products of single rows on CUDA cores. One program per (column tile, split, row).
+        x_row = x_ptr + tl.program_id(2) * stride_xm
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < N
         start = tl.program_id(1) * SPAN
-        DEPTH: tl.constexpr = BLOCK_K // 8 if KIND == 2 else BLOCK_K
+        if KIND == 2:
+            sums = int4_row(
+                x_row, w_ptr, s_ptr, cols, col_ok, N, K, start, SPAN, GROUP, BLOCK_N, BLOCK_K
+            )
+        else:
+            sums = int8_row(x_row, w_ptr, cols, col_ok, K, start, SPAN, BLOCK_N, BLOCK_K)
+        out = out_ptr + tl.program_id(1) * M * N + tl.program_id(2) * N + cols
+        tl.store(out, sums, mask=col_ok)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def int4_row(  # type: ignore[no-untyped-def]
+        x_row, w_ptr, s_ptr, cols, col_ok, N, K, start, SPAN, GROUP: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        # One row's int4 products over the inputs [start, start + SPAN): a [words, columns]
+        # tile of fp32 partial sums, reduced over the words at the end.
+        # - Two nibbles per integer operation: nibbles j and j + 4 of a word masked into the
+        #   low bits of two bf16 halves ORed with 0x4300 read as 128 + q, exactly; a shift or a
+        #   mask makes each half an fp32. 128 and the zero point come off once per block,
+        #   through the block's sum of inputs.
+        # - The next block's words load before this block's arithmetic. Triton pipelines only
+        #   loads that feed tl.dot: num_stages 1 to 4 gave the same 2.34 ms per pass over a
+        #   7B's projections, this 2.11 (H200, benchmarks/decode/int4_pairs.py).
+        DEPTH: tl.constexpr = BLOCK_K // 8
+        limit = tl.minimum(start + SPAN, K)
         acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
+        words, word_ok, packed, scale, zero = int4_block(
+            w_ptr, s_ptr, start, limit, cols, col_ok, N, K, GROUP, DEPTH
+        )
         for offset in range(0, SPAN, BLOCK_K):
-            k0 = start + offset
-            if KIND == 2:
-                words, word_ok, packed, scale, zero = int4_block(
-                    w_ptr, s_ptr, k0, cols, col_ok, N, K, GROUP, DEPTH
-                )
-                part = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
-                for j in tl.static_range(8):
-                    x = tl.load(x_ptr + row * stride_xm + words * 8 + j, mask=word_ok, other=0.0)
-                    part += widen_nibbles(packed, j, zero) * x.to(tl.float32)[:, None]
-                acc += part * scale[None, :]
-            else:
-                ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < K
-                x = tl.load(x_ptr + row * stride_xm + ks, mask=k_ok, other=0.0)
-                w = tl.load(
-                    w_ptr + cols[None, :] * K + ks[:, None],
-                    mask=k_ok[:, None] & col_ok[None, :],
-                    other=0,
-                )
-                acc += w.to(tl.float32) * x.to(tl.float32)[:, None]
-        out = out_ptr + tl.program_id(1) * M * N + row * N + cols
-        tl.store(out, tl.sum(acc, axis=0), mask=col_ok)
+            ahead = int4_block(
+                w_ptr, s_ptr, start + offset + BLOCK_K, limit, cols, col_ok, N, K, GROUP, DEPTH
+            )
+            part = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
+            x_sum = tl.zeros((DEPTH,), dtype=tl.float32)
+            for j in tl.static_range(4):
+                pair = ((packed >> (4 * j)) & 0x000F000F) | 0x43004300
+                low = (pair << 16).to(tl.float32, bitcast=True)  # 128 + nibble j
+                high = (pair & -65536).to(tl.float32, bitcast=True)  # 128 + nibble j + 4
+                xa = tl.load(x_row + words * 8 + j, mask=word_ok, other=0.0).to(tl.float32)
+                xb = tl.load(x_row + words * 8 + j + 4, mask=word_ok, other=0.0).to(tl.float32)
+                part += low * xa[:, None] + high * xb[:, None]
+                x_sum += xa + xb
+            acc += part * scale[None, :] - x_sum[:, None] * ((zero + 128.0) * scale)[None, :]
+            words, word_ok, packed, scale, zero = ahead
+        return tl.sum(acc, axis=0)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def int8_row(  # type: ignore[no-untyped-def]
+        x_row, w_ptr, cols, col_ok, K, start, SPAN, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+    ):
+        # One row's int8 products over [start, start + SPAN) (the engine runs int8 rows on
+        # the tiled kernel; weight_only_gemm.py sweeps this too).
+        acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+        for offset in range(0, SPAN, BLOCK_K):
+            ks = start + offset + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            x = tl.load(x_row + ks, mask=k_ok, other=0.0)
+            w = tl.load(
+                w_ptr + cols[None, :] * K + ks[:, None],
+                mask=k_ok[:, None] & col_ok[None, :],
+                other=0,
+            )
+            acc += w.to(tl.float32) * x.to(tl.float32)[:, None]
+        return tl.sum(acc, axis=0)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def widen_int4_kernel(  # type: ignore[no-untyped-def]
