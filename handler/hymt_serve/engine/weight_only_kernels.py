@@ -52,36 +52,24 @@ if triton is not None:
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN,
     ):  # fmt: skip
+        # Tiles of rows on tensor cores. One program per (column tile, split, row tile).
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < M
         col_ok = cols < N
         start = tl.program_id(1) * SPAN
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for offset in range(0, SPAN, BLOCK_K):
-            k0 = start + offset
-            if KIND == 2:
-                words, word_ok, packed, scale, zero = int4_block(
-                    w_ptr, s_ptr, k0, K, cols, col_ok, N, K, GROUP, BLOCK_K // 8
-                )
-                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for j in tl.static_range(8):  # nibble j: inputs k0 + j, k0 + j + 8, ...
-                    x = tl.load(
-                        x_ptr + rows[:, None] * stride_xm + (words * 8 + j)[None, :],
-                        mask=row_ok[:, None] & word_ok[None, :],
-                        other=0.0,
-                    )
-                    q = ((packed >> (4 * j)) & 0xF).to(tl.float32) - zero[None, :]
-                    part += tl.dot(x, q.to(x.dtype))
-                acc += part * scale[None, :]
-            else:
-                ks = k0 + tl.arange(0, BLOCK_K)
+        x_rows = x_ptr + rows[:, None] * stride_xm
+        if KIND == 2:
+            acc = int4_tile(
+                x_rows, w_ptr, s_ptr, row_ok, cols, col_ok, N, K, start, SPAN, GROUP,
+                BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for offset in range(0, SPAN, BLOCK_K):
+                ks = start + offset + tl.arange(0, BLOCK_K)
                 k_ok = ks < K
-                x = tl.load(
-                    x_ptr + rows[:, None] * stride_xm + ks[None, :],
-                    mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0,
-                )
+                x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
                 w = tl.load(
                     w_ptr + cols[None, :] * K + ks[:, None],
                     mask=k_ok[:, None] & col_ok[None, :],
@@ -90,6 +78,38 @@ if triton is not None:
                 acc += tl.dot(x, w.to(x.dtype))
         out = out_ptr + tl.program_id(1) * M * N + rows[:, None] * N + cols[None, :]
         tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def int4_tile(  # type: ignore[no-untyped-def]
+        x_rows, w_ptr, s_ptr, row_ok, cols, col_ok, N, K, start, SPAN, GROUP: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        # A tile of rows' int4 products over [start, start + SPAN). Nibble j of every word
+        # meets the inputs j, j + 8, j + 16, ... of the block in a product of its own, so no
+        # data moves between threads. As in int4_row, the next block's words load before
+        # this block's products (Triton pipelines only loads that feed tl.dot directly).
+        limit = tl.minimum(start + SPAN, K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        words, word_ok, packed, scale, zero = int4_block(
+            w_ptr, s_ptr, start, limit, cols, col_ok, N, K, GROUP, BLOCK_K // 8
+        )
+        for offset in range(0, SPAN, BLOCK_K):
+            ahead = int4_block(
+                w_ptr, s_ptr, start + offset + BLOCK_K, limit, cols, col_ok, N, K, GROUP,
+                BLOCK_K // 8,
+            )  # fmt: skip
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for j in tl.static_range(8):
+                x = tl.load(
+                    x_rows + (words * 8 + j)[None, :],
+                    mask=row_ok[:, None] & word_ok[None, :],
+                    other=0.0,
+                )
+                q = ((packed >> (4 * j)) & 0xF).to(tl.float32) - zero[None, :]
+                part += tl.dot(x, q.to(x.dtype))
+            acc += part * scale[None, :]
+            words, word_ok, packed, scale, zero = ahead
+        return acc
 
     @triton.jit(do_not_specialize=ROWS_ARG)  # type: ignore[untyped-decorator]
     def one_row_kernel(  # type: ignore[no-untyped-def]
