@@ -30,7 +30,7 @@ import triton.language as tl
 from fp8_gemm import LAYERS, SHAPES, timed_graph
 
 from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.weight_only_kernels import int4_block
+from hymt_serve.engine.weight_only_kernels import int4_block, int4_pairs
 
 COPIES = 4  # distinct weights per pass (weight_only_gemm.py): nothing sits in L2
 
@@ -51,19 +51,9 @@ def pairs_kernel(
         words, word_ok, packed, scale, zero = int4_block(
             w_ptr, s_ptr, k0, K, cols, col_ok, N, K, GROUP, DEPTH
         )
-        part = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
-        xsum = tl.zeros((DEPTH,), dtype=tl.float32)
-        for j in tl.static_range(4):
-            pair = ((packed >> (4 * j)) & 0x000F000F) | 0x43004300
-            low = (pair << 16).to(tl.float32, bitcast=True)  # 128 + nibble j
-            high = (pair & -65536).to(tl.float32, bitcast=True)  # 128 + nibble j + 4
-            base = x_ptr + row * stride_xm + words * 8 + j
-            xa = tl.load(base, mask=word_ok, other=0.0).to(tl.float32)
-            xb = tl.load(base + 4, mask=word_ok, other=0.0).to(tl.float32)
-            part += low * xa[:, None] + high * xb[:, None]
-            xsum += xa + xb
-        # sum x (128 + q) - (128 + zero) sum x = sum x (q - zero), then the group's scale
-        acc += part * scale[None, :] - xsum[:, None] * ((zero + 128.0) * scale)[None, :]
+        acc += int4_pairs(
+            x_ptr + row * stride_xm, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N
+        )
     out = out_ptr + tl.program_id(1) * M * N + row * N + cols
     tl.store(out, tl.sum(acc, axis=0), mask=col_ok)
 

@@ -155,19 +155,26 @@ if triton is not None:
             ahead = int4_block(
                 w_ptr, s_ptr, start + offset + BLOCK_K, limit, cols, col_ok, N, K, GROUP, DEPTH
             )
-            part = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
-            x_sum = tl.zeros((DEPTH,), dtype=tl.float32)
-            for j in tl.static_range(4):
-                pair = ((packed >> (4 * j)) & 0x000F000F) | 0x43004300
-                low = (pair << 16).to(tl.float32, bitcast=True)  # 128 + nibble j
-                high = (pair & -65536).to(tl.float32, bitcast=True)  # 128 + nibble j + 4
-                xa = tl.load(x_row + words * 8 + j, mask=word_ok, other=0.0).to(tl.float32)
-                xb = tl.load(x_row + words * 8 + j + 4, mask=word_ok, other=0.0).to(tl.float32)
-                part += low * xa[:, None] + high * xb[:, None]
-                x_sum += xa + xb
-            acc += part * scale[None, :] - x_sum[:, None] * ((zero + 128.0) * scale)[None, :]
+            acc += int4_pairs(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
             words, word_ok, packed, scale, zero = ahead
         return tl.sum(acc, axis=0)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def int4_pairs(  # type: ignore[no-untyped-def]
+        x_row, words, word_ok, packed, scale, zero, DEPTH: tl.constexpr, BLOCK_N: tl.constexpr
+    ):
+        # One block's [words, columns] products for int4_row, two nibbles per operation.
+        part = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
+        x_sum = tl.zeros((DEPTH,), dtype=tl.float32)
+        for j in tl.static_range(4):
+            pair = ((packed >> (4 * j)) & 0x000F000F) | 0x43004300
+            low = (pair << 16).to(tl.float32, bitcast=True)  # 128 + nibble j
+            high = (pair & -65536).to(tl.float32, bitcast=True)  # 128 + nibble j + 4
+            xa = tl.load(x_row + words * 8 + j, mask=word_ok, other=0.0).to(tl.float32)
+            xb = tl.load(x_row + words * 8 + j + 4, mask=word_ok, other=0.0).to(tl.float32)
+            part += low * xa[:, None] + high * xb[:, None]
+            x_sum += xa + xb
+        return part * scale[None, :] - x_sum[:, None] * ((zero + 128.0) * scale)[None, :]
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int8_row(  # type: ignore[no-untyped-def]
