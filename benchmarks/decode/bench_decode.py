@@ -41,7 +41,7 @@ from hymt_serve.ops.tiny_model import random_7b_model
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
 FORMS = ("none", "fp8", "int8", "int4", "fp8-checkpoint")
 # "+head": the LM head quantized like the projections too (quantize_lm_head)
-LOADED = (*FORMS, "fp8+head", "int8+head", "fp8-checkpoint+head")
+LOADED = (*FORMS, "fp8+head", "int8+head", "int4+head", "fp8-checkpoint+head")
 
 
 def build_model() -> PreTrainedModel:

@@ -111,6 +111,29 @@ def one_pass(
             launch(x, q, s, config)  # type: ignore[operator]
 
 
+def per_shape(
+    xs: list[torch.Tensor], forms: list[list[tuple[torch.Tensor, torch.Tensor]]], config: wo.Config
+) -> list[dict[str, object]]:
+    """The engine's kernel (its tiles) per projection: 32 layers of one shape each, and the
+    rate at which it reads that shape's weights and scales."""
+    rows = []
+    for i, (n, k) in enumerate(SHAPES):
+        q, s = forms[0][i]
+        splits = wo.splits_for(q, config)
+        only = [[form[i]] for form in forms]
+        ms = timed_graph(partial(one_pass, engine_launch, [xs[i]], only, config))
+        read = LAYERS * (q.numel() * q.element_size() + s.numel() * s.element_size())
+        rows.append(
+            {
+                "shape": [n, k],
+                "splits": splits,
+                "ms": round(ms, 3),
+                "tb_s": round(read / ms / 1e9, 2),
+            }
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
@@ -119,6 +142,8 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     engine = itertools.product((32, 64, 128), (128,), (2, 4), (1, 3), (1056, 2112))
     variants = [("engine", engine_launch, wo.Config(1, *c)) for c in engine]
+    splits = itertools.product((64,), (128,), (2,), (1,), (264, 528, 4224))  # longer, shorter loops
+    variants += [("engine", engine_launch, wo.Config(1, *c)) for c in splits]
     pairs = itertools.product((32, 64, 128), (128,), (2, 4), (3,), (1056, 2112))
     variants += [("pairs", launch_pairs, wo.Config(1, *c)) for c in pairs]
     results = []
@@ -138,6 +163,9 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": results}
+    if not args.check_only:
+        report["per_shape"] = per_shape(xs, forms, wo.ONE_ROW_CONFIGS[wo.INT4])
+        print(json.dumps(report["per_shape"]), flush=True)
     (args.out / "int4_pairs.json").write_text(json.dumps(report, indent=2))
 
 

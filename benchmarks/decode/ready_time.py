@@ -34,6 +34,7 @@ FORMS = (
     "fp8-checkpoint",
     "fp8+head",
     "int8+head",
+    "int4+head",
     "fp8-checkpoint+head",
 )
 ROWS, INPUT_TOKENS, NEW_TOKENS = 128, 1024, 512  # configs/model-config-gpu.yaml

@@ -111,6 +111,19 @@ def test_the_fast_engine_serves_it_in_int4(gptq_dir: Path) -> None:
     assert [r.token_ids for r in fast] == [r.token_ids for r in slow]
 
 
+def test_a_gptq_checkpoint_serves_with_its_head_in_int8(gptq_dir: Path) -> None:
+    """quantize_lm_head beside a GPTQ checkpoint's int4 projections: the published head (bf16)
+    becomes int8 with a scale per row, shared with the tied embedding."""
+    engine = load(gptq_dir, engine="fast", quantize_lm_head=True)
+    weights = engine.runner.weights
+    assert weights.lm_head.dtype == torch.int8 and weights.embed.dtype == torch.int8
+    assert engine.describe()["fast"]["lm_head"] == (
+        "int8, a scale per row, its table shared with the embedding"
+    )
+    (result,) = engine.generate([row(engine, engine.encode_prompt("Good morning."))])
+    assert result.token_ids
+
+
 def test_act_order_without_static_groups_keeps_the_dequantized_path() -> None:
     """A ``g_idx`` that is not ``column // group_size`` cannot use the kernel's groups."""
     parts = gptq_pack(torch.randn(16, 256))

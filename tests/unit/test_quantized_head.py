@@ -1,7 +1,8 @@
 """``quantize_lm_head``: the LM head quantized like the projections (fp8 e4m3 tensor-wise, or
-int8 with a scale per row), the embedding reading the same quantized table when the two are
-tied, and the settings that refuse it where it cannot apply. The measure is the one of
-test_fp8_engine: cosine similarity of teacher-forced logits against the unquantized model."""
+int8 with a scale per row, also beside int4 projections), the embedding reading the same
+quantized table when the two are tied, and the settings that refuse it where it cannot apply.
+The measure is the one of test_fp8_engine: cosine similarity of teacher-forced logits against
+the unquantized model."""
 
 from __future__ import annotations
 
@@ -23,11 +24,15 @@ from hymt_serve.request.settings import Settings
 
 
 @pytest.mark.parametrize(
-    ("form", "dtype", "mean", "low"), [("fp8", FP8, 0.98, 0.95), ("int8", torch.int8, 0.99, 0.98)]
+    ("form", "head", "mean", "low"),
+    [("fp8", "fp8", 0.98, 0.95), ("int8", "int8", 0.99, 0.98), ("int4", "int8", 0.9, 0.85)],
 )
 def test_a_tied_head_is_quantized_once_and_feeds_the_embedding(
-    form: str, dtype: torch.dtype, mean: float, low: float
+    form: str, head: str, mean: float, low: float
 ) -> None:
+    """int4 projections take an int8 head; the bounds are the projections' own (int4's from
+    test_weight_only)."""
+    dtype = FP8 if head == "fp8" else torch.int8
     model = tiny_model()
     dense = model.model.embed_tokens.weight.detach().clone()
     _, runner, cosine = against_unquantized(model, PROMPTS, FORCED, form, quantize_head=True)
@@ -38,8 +43,8 @@ def test_a_tied_head_is_quantized_once_and_feeds_the_embedding(
     assert "its table shared with the embedding" in str(runner.describe()["lm_head"])
     # the embedding rows are the quantized table's, dequantized
     ids = torch.tensor([0, 5, 300, dense.shape[0] - 1])
-    q, scale = QUANTIZERS[form](dense)
-    expected = q[ids].float() * (scale if form == "fp8" else scale[ids, None])
+    q, scale = QUANTIZERS[head](dense)
+    expected = q[ids].float() * (scale if head == "fp8" else scale[ids, None])
     assert torch.equal(embed_tokens(ids, weights), expected.to(dense.dtype))
     # the bounds of the projections alone (test_fp8_engine, test_int8_engine) still hold
     assert cosine.mean() >= mean and cosine.min() >= low, cosine
@@ -59,11 +64,11 @@ def test_an_untied_head_is_quantized_and_the_embedding_stays_plain() -> None:
 def test_a_plain_model_keeps_its_head_and_refuses_to_quantize_it_alone() -> None:
     runner = build_fast_runner(tiny_model(), max_batch_size=2, max_seq_len=32)
     assert runner.describe()["lm_head"] == "float32"
-    with pytest.raises(ValueError, match="fp8 or int8 projections"):
+    with pytest.raises(ValueError, match="fp8, int8 or int4 projections"):
         build_fast_runner(tiny_model(), max_batch_size=2, max_seq_len=32, quantize_head=True)
 
 
-@pytest.mark.parametrize("quantization", ["int4", "nf4", "bnb-int8"])
+@pytest.mark.parametrize("quantization", ["nf4", "bnb-int8"])
 def test_the_setting_is_refused_where_the_head_cannot_follow(quantization: str) -> None:
     raw = {"model_path": "/m", "quantization": quantization, "quantize_lm_head": True}
     with pytest.raises(ConfigurationError, match="quantize_lm_head needs quantization"):

@@ -176,11 +176,12 @@ def _pick_runner(
     """The fast runner, or the transformers runner and why not the fast one."""
     wanted, plan = settings.engine, loaded.plan
     own = plan.quantization in FAST_QUANTIZATION  # the fast engine's own: no fallback
-    if settings.quantize_lm_head and plan.quantization not in HEAD_QUANTIZATIONS:
+    head_follows = plan.quantization in HEAD_QUANTIZATIONS or loaded.int4 is not None
+    if settings.quantize_lm_head and not head_follows:
         raise ConfigurationError(
-            "quantize_lm_head quantizes the LM head like fp8 or int8 projections; this model's "
-            f"are {'gptq-int4' if loaded.int4 is not None else plan.quantization}: set "
-            "quantization 'fp8' or 'int8', or leave quantize_lm_head false"
+            "quantize_lm_head quantizes the LM head beside fp8, int8 or int4 projections; this "
+            f"model's are {plan.quantization}: set quantization 'fp8', 'int8' or 'int4', or "
+            "leave quantize_lm_head false"
         )
     if own and wanted == "hf":
         raise ConfigurationError(

@@ -64,8 +64,9 @@ class ModelShape:
         return float(self.head_dim**-0.5)
 
 
-# The LM head is quantized like the projections: e4m3 tensor-wise, or int8 with row scales.
-HEAD_FORMS = {FP8: "fp8", torch.int8: "int8"}
+# The LM head is quantized like the projections: e4m3 tensor-wise, or int8 with row scales;
+# beside int4 projections in int8 (a 4-bit head moves the logits much further).
+HEAD_FORMS = {FP8: "fp8", torch.int8: "int8", torch.int32: "int8"}
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,8 @@ def extract_weights(
     group's largest static input scale. With a GPTQ checkpoint's ``int4`` parts (by module
     name, in the weight-only kernel's form) the projections take those; the model's
     dequantized copies are released. ``quantize_head`` makes the LM head fp8 or int8 like
-    the projections (and the embedding, when tied to it, reads the same quantized table);
-    ValueError for other projections."""
+    the projections, int8 beside int4 ones (and the embedding, when tied to it, reads the
+    same quantized table); ValueError for plain projections."""
     hf: Any = model
     core = hf.model
     layers: list[LayerWeights] = []
@@ -239,7 +240,9 @@ def extract_weights(
         form = HEAD_FORMS.get(layers[0].qkv.dtype)
         if form is None:
             got = layers[0].qkv.dtype
-            raise ValueError(f"the LM head is quantized like fp8 or int8 projections, not {got}")
+            raise ValueError(
+                f"the LM head is quantized like fp8, int8 or int4 projections, not {got}"
+            )
         lm_head, head_scale = QUANTIZERS[form](lm_head)
         hf.lm_head.weight.data = hf.lm_head.weight.new_empty(0)  # the dense copy goes
         if tied:  # one table for both: the embedding reads the quantized rows

@@ -61,9 +61,9 @@ FLOAT_BOUNDS: dict[str, tuple[float, float, bool]] = {
 }
 SAMPLING_FLOATS = ("temperature", "top_p", "repetition_penalty")
 FLAGS = ("quantize_lm_head", "share_engine")
-# The quantizations whose form the LM head can take (quantize_lm_head); an FP8 checkpoint
-# loads as fp8 with quantization "none".
-HEAD_QUANTIZATIONS = ("fp8", "int8")
+# The quantizations beside which the LM head can be quantized too (quantize_lm_head: fp8, or
+# int8 beside int8 and int4); FP8 and GPTQ-Int4 checkpoints load with quantization "none".
+HEAD_QUANTIZATIONS = ("fp8", "int8", "int4")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,7 +168,8 @@ class Settings:
         )
         if settings.quantize_lm_head and settings.quantization not in ("none", *HEAD_QUANTIZATIONS):
             raise ConfigurationError(
-                "quantize_lm_head needs quantization 'fp8' or 'int8' (or an FP8 checkpoint), "
+                "quantize_lm_head needs quantization 'fp8', 'int8' or 'int4' (or an FP8 or "
+                "GPTQ-Int4 checkpoint), "
                 f"got {settings.quantization!r}"
             )
         return settings
