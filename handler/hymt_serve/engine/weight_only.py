@@ -195,8 +195,9 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     if not kernel_available(x) or (kind == INT4 and in_features(weight) // scale.shape[1] % 128):
         return reference(x, weight, scale)  # (the kernel takes int4 groups of 128 inputs or more)
     group = in_features(weight) // scale.shape[1] if kind == INT4 else 0
-    if kind == INT4 and x.shape[0] > 1:  # batch 1 is specialised, a dynamic one is 2 or more:
-        out: Tensor = torch.ops.hymt.int4_rows(x.contiguous(), weight, scale, group)  # no guard
+    if kind == INT4 and x.shape[0] > 1:
+        # Batch 1 is specialised and a dynamic batch is 2 or more: no guard, no third graph.
+        out: Tensor = torch.ops.hymt.int4_rows(x.contiguous(), weight, scale, group)
         return out
     # int8's split does not depend on the rows (the few-rows tiles': for a 7B's projections
     # and head the same as the many-rows tiles' would be), so a step compiled with a symbolic
@@ -268,9 +269,9 @@ WIDEN_WORDS, WIDEN_COLUMNS = 16, 128  # the widening kernel's tile: 128 inputs b
 
 def widen_int4(weight: Tensor, scale: Tensor, group: int, dtype: torch.dtype) -> Tensor:
     """An int4 weight as ``[in, out]`` in ``dtype``, in one kernel, for cuBLAS (``group``: a
-    multiple of 128, as :func:`linear` checks). (Above 16
-    rows the tiled kernel's eight 16-deep products per block starve the tensor cores: 22.7 ms
-    per pass over a 7B's projections at 64 rows, against bf16's 4.1; weight_only_gemm.py.)"""
+    multiple of 128, as :func:`linear` checks). Above 16 rows the tiled kernel's eight
+    16-deep products per block starve the tensor cores: 22.7 ms per pass over a 7B's
+    projections at 64 rows, against bf16's 4.1 (weight_only_gemm.py)."""
     inputs, cols = in_features(weight), out_features(weight)
     out = torch.empty(inputs, cols, dtype=dtype, device=weight.device)
     grid = (triton.cdiv(inputs // 8, WIDEN_WORDS), triton.cdiv(cols, WIDEN_COLUMNS))
