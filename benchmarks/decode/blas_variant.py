@@ -4,7 +4,9 @@
 
 VARIANT: ``default``; ``fp32-reduce`` (bf16 products reduce in fp32, split-K allowed);
 ``no-splitk`` (no split-K either: PyTorch allows it on cuBLASLt only); ``lt`` (cuBLASLt,
-which ``blas_library: cublaslt`` selects in the server); ``lt-nosplitk``. SCRIPT defaults to
+which ``blas_library: cublaslt`` selects in the server); ``lt-nosplitk``; ``cublas-one-row``
+(one row of a bf16 product in cuBLAS, not the tiled Triton kernel: ``one_row_kernel:
+cublas``). SCRIPT defaults to
 ``benchmarks/decode/bench_decode.py``; the rest goes to it. Results: benchmarks/decode/blas/.
 """
 
@@ -20,8 +22,12 @@ SPLITK = {"fp32-reduce": (False, True), "no-splitk": (False, False), "lt-nosplit
 
 def main() -> None:
     variant = sys.argv.pop(1)
-    if variant not in {"default", "lt", *SPLITK}:
+    if variant not in {"default", "lt", "cublas-one-row", *SPLITK}:
         sys.exit(f"unknown variant {variant!r}")
+    if variant == "cublas-one-row":
+        from hymt_serve.engine import weight_only
+
+        weight_only.set_one_row_kernel("cublas")
     matmul = torch.backends.cuda.matmul
     if variant.startswith("lt"):
         torch.backends.cuda.preferred_blas_library("cublaslt")

@@ -42,6 +42,7 @@ MODE_EXTRAS = {
     "noprefix": ("handler.prefix_cache_entries", 0),
     "nomix": ("handler.mixed_step_tokens", 0),
     "lt": ("handler.blas_library", "cublaslt"),
+    "cublas1": ("handler.one_row_kernel", "cublas"),
 }
 
 
@@ -549,7 +550,8 @@ def main() -> None:
         "turns the kept prompt prefixes off (continuous+noprefix), +sharedK runs K workers "
         "per GPU that share its engine process (continuous+shared3), +unshared one worker per "
         "GPU with its own engine child, +rowsN sets max_batch_rows (continuous+rows128), +lt "
-        "sends the dense products to cuBLASLt (blas_library)",
+        "sends the dense products to cuBLASLt (blas_library), +cublas1 one row of them to cuBLAS "
+        "instead of the tiled Triton kernel (one_row_kernel)",
     )
     parser.add_argument(
         "--client-processes",

@@ -37,6 +37,19 @@ def test_the_kernel_matches_the_dequantized_reference(
     assert error < 1e-2  # bf16 output rounding and the accumulation order
 
 
+@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 14336), (128256, 4096), (200, 384)])
+def test_one_row_of_a_plain_product_matches_cublas(shape: tuple[int, int]) -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 0.02
+    x = torch.randn(1, shape[1], device="cuda", dtype=torch.bfloat16)
+    assert weight_only.plain_row_applies(x, weight)
+    ours = weight_only.plain_row(x, weight)
+    reference = F.linear(x.float(), weight.float())
+    assert ours.dtype == torch.bfloat16 and ours.shape == (1, shape[0])
+    assert ((ours.float() - reference).norm() / reference.norm()) < 1e-2
+    assert not weight_only.plain_row_applies(x.expand(2, -1), weight)  # more rows: cuBLAS
+
+
 @pytest.mark.parametrize("form", ["int8", "int4"])
 def test_the_kernel_runs_inside_a_compiled_function_with_a_dynamic_batch(form: str) -> None:
     torch.manual_seed(0)

@@ -38,6 +38,8 @@ def test_choices_are_normalised() -> None:
     assert settings.quantization == "none"
     assert load({"model_path": "/m", "blas_library": "cuBLASLt"}).blas_library == "cublaslt"
     assert load({"model_path": "/m"}).blas_library == "cublas"
+    assert load({"model_path": "/m"}).one_row_kernel == "triton"
+    assert load({"model_path": "/m", "one_row_kernel": "cuBLAS"}).one_row_kernel == "cublas"
 
 
 def test_the_blas_library_applies_on_cuda_only() -> None:
@@ -45,6 +47,8 @@ def test_the_blas_library_applies_on_cuda_only() -> None:
 
     settings = load({"model_path": "/m", "device": "cpu", "blas_library": "cublaslt"})
     assert plan_load(settings).describe()["blas_library"] == "none"
+    settings = load({"model_path": "/m", "device": "cpu", "one_row_kernel": "cublas"})
+    assert plan_load(settings).describe()["one_row_kernel"] == "none"
 
 
 @pytest.mark.parametrize(
@@ -66,6 +70,10 @@ def test_the_blas_library_applies_on_cuda_only() -> None:
         (
             {"model_path": "/m", "blas_library": "mkl"},
             "blas_library must be one of ['cublas', 'cublaslt']",
+        ),
+        (
+            {"model_path": "/m", "one_row_kernel": "cutlass"},
+            "one_row_kernel must be one of ['triton', 'cublas']",
         ),
         (
             {"model_path": "/m", "quantization": "gptq"},

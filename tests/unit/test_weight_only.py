@@ -1,4 +1,4 @@
-"""The weight-only products (int8, int4): packing, quantizing, the reference the GPU kernel is
+"""The weight-only products (int8, int4, and one row of a plain bf16/fp16 product): packing, quantizing, the reference the GPU kernel is
 held to, the kernels' own code run by Triton's interpreter, and an int4 model against its
 unquantized self (the measure of test_fp8_engine)."""
 
@@ -161,3 +161,66 @@ def test_int8_and_int4_compile_the_graphs_bf16_does_with_a_dynamic_batch() -> No
     found = run_interpreted(COMPILED_GRAPHS, timeout=600)
     assert found["int8"][0] == 2 and found["int4"][0] == 2, found
     assert max(found["int8"][1], found["int4"][1]) < 5e-3, found  # fp16 output rounding
+
+
+# One row of a plain product (a batch-1 decode step's projections) in the tiled kernel, run by
+# the interpreter: the kernel alone over uneven splits, then through the engine's ``linear``
+# inside a compiled function with a dynamic batch (one row: the kernel; more: F.linear).
+PLAIN_ROW = textwrap.dedent(
+    """
+    import torch.nn.functional as F
+    from hymt_serve.engine import weight_only as wo
+    from hymt_serve.engine.quantized import linear
+
+    wo.kernel_available = lambda x: True  # the interpreter runs the kernels on CPU tensors
+    torch.manual_seed(0)
+    empty = torch.empty(0)
+    errors, ops = [], []
+    for cols, inputs in ((200, 256), (70, 384)):
+        weight = (torch.randn(cols, inputs) * 0.05).half()
+        x = torch.randn(1, inputs).half()
+        want = F.linear(x.float(), weight.float())
+        for splits in (1, 3):
+            parts = wo.launch(x, weight, weight, wo.PLAIN, 0, splits, wo.PLAIN_ROW_CONFIG)
+            errors.append(((parts.sum(0) - want).abs().max() / want.abs().max()).item())
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        ops.append(sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function"}))
+        return gm.forward
+
+    def project(x):
+        return F.silu(linear(x, weight, empty, empty)) + 1
+
+    compiled = torch.compile(project, backend=backend, fullgraph=True)
+    for rows in (1, 2, 5, 17):
+        x = torch.randn(rows, inputs).half()
+        if rows > 1:
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+        got = compiled(x).float()
+        want = F.silu(F.linear(x.float(), weight.float())) + 1
+        errors.append(((got - want).abs().max() / want.abs().max()).item())
+    wo.set_one_row_kernel("cublas")
+    off = wo.plain_row_applies(torch.randn(1, inputs).half(), weight)
+    print(json.dumps({"errors": errors, "graphs": len(graphs), "ops": ops, "off": off}))
+    """
+)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_one_row_of_a_plain_product_runs_in_the_tiled_kernel() -> None:
+    found = run_interpreted(PLAIN_ROW, timeout=600)
+    assert max(found["errors"][:4]) < 1e-5, found  # the kernel: fp32 sums of fp16 products
+    assert max(found["errors"][4:]) < 5e-3, found  # compiled, fp16 output rounding
+    assert found["graphs"] == 2, found  # batch 1, and one for every larger batch
+    one_row, more = found["ops"]
+    assert any("hymt.weight_only" in op for op in one_row), one_row
+    assert not any("hymt" in op for op in more), more
+    assert found["off"] is False
+
+
+def test_the_one_row_kernel_setting_names_a_kernel() -> None:
+    with pytest.raises(ValueError, match="one_row_kernel must be one of"):
+        weight_only.set_one_row_kernel("cutlass")
+    assert weight_only.one_row_kernel() == "triton"

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales, fp8_scheme, read_config, read_scales
 from hymt_serve.engine.gptq_checkpoint import gptq_config, load_gptq_weights
+from hymt_serve.engine import weight_only
 from hymt_serve.engine.quantized import Int4Parts
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.settings import Settings
@@ -32,6 +33,7 @@ class LoadPlan:
     attention: str
     quantization: str
     blas_library: str = "none"  # CUDA: the library dense products go to
+    one_row_kernel: str = "none"  # CUDA: where one row of a plain product goes
 
     def describe(self) -> dict[str, str]:
         return {
@@ -40,6 +42,7 @@ class LoadPlan:
             "attention": self.attention,
             "quantization": self.quantization,
             "blas_library": self.blas_library,
+            "one_row_kernel": self.one_row_kernel,
         }
 
 
@@ -56,6 +59,7 @@ def plan_load(settings: Settings, gpu_id: int | None = None) -> LoadPlan:
         _attention(settings.attention, device),
         _quantization(settings.quantization, device),
         settings.blas_library if use_cuda else "none",
+        settings.one_row_kernel if use_cuda else "none",
     )
 
 
@@ -160,6 +164,7 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
         torch.cuda.set_device(plan.device)
         if plan.blas_library != "cublas":  # process-wide, before any graph is captured
             torch.backends.cuda.preferred_blas_library(plan.blas_library)
+        weight_only.set_one_row_kernel(plan.one_row_kernel)
     if not (settings.model_path / "config.json").is_file():
         raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
     started = time.perf_counter()

@@ -28,7 +28,8 @@ def quantize_tensor(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor) -> Tensor:
-    """``x @ weight.T`` for a plain weight, on FP8 tensor cores for an e4m3 one, and in the
+    """``x @ weight.T`` for a plain weight (one row of it on CUDA in the tiled weight-only kernel,
+    :func:`~hymt_serve.engine.weight_only.plain_row`), on FP8 tensor cores for an e4m3 one, and in the
     weight-only kernel (:mod:`hymt_serve.engine.weight_only`) for int8 and int4 ones.
 
     FP8 (tensor-wise, as the published FP8 checkpoints are): ``weight_scale`` is one value,
@@ -45,6 +46,8 @@ def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor)
     if weight.dtype in (torch.int8, torch.int32):
         return weight_only.linear(x, weight, weight_scale)
     if weight.dtype != FP8:
+        if weight_only.plain_row_applies(x, weight):
+            return weight_only.plain_row(x, weight)
         return F.linear(x, weight)
     if input_scale.numel():
         x_scale = input_scale.float().reshape(())

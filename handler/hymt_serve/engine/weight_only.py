@@ -45,7 +45,7 @@ try:
 except ImportError:  # the CPU image has no Triton; the reference serves there
     triton = None
 
-INT8, INT4 = 0, 2
+INT8, PLAIN, INT4 = 0, 1, 2  # PLAIN: a weight in the activations' dtype (plain_row)
 FEW_ROWS = 16  # up to this many rows a product is a read of the weights
 
 
@@ -77,6 +77,58 @@ MANY_ROWS_CONFIGS = {
     INT8: Config(0, 128, 128, 4, 3, 132),
     INT4: Config(0, 128, 128, 4, 3, 264),  # the benchmark's only: the engine widens instead
 }
+
+
+# One row of a plain (bf16/fp16) product: the tiled kernel with one live row of its 16 took
+# 0.78-0.96 x cuBLAS's time on each projection of a 7B and its LM head on an H200 (cuBLAS runs
+# qkv as 96 column tiles on 132 SMs, o and down split-K with a reduction kernel after;
+# benchmarks/decode/bf16-row/). 64-column tiles for an LM head's many columns.
+PLAIN_ROW_CONFIG = Config(16, 32, 128, 4, 3, 264)
+WIDE_PLAIN_ROW_CONFIG = Config(16, 64, 128, 4, 3, 264)
+WIDE = 65_536  # output columns from which a plain row takes the wide tiles
+ONE_ROW_KERNELS = ("triton", "cublas")
+_one_row_kernel = "triton"
+
+
+def set_one_row_kernel(name: str) -> None:
+    """Where one row of a plain product goes, for the whole process (``one_row_kernel``):
+    ``triton`` (:func:`plain_row`) or ``cublas`` (``F.linear``). Read when a step is traced."""
+    if name not in ONE_ROW_KERNELS:
+        raise ValueError(f"one_row_kernel must be one of {ONE_ROW_KERNELS}, got {name!r}")
+    global _one_row_kernel
+    _one_row_kernel = name
+
+
+def one_row_kernel() -> str:
+    return _one_row_kernel
+
+
+def plain_row_applies(x: Tensor, weight: Tensor) -> bool:
+    """Whether ``x @ weight.T`` goes to :func:`plain_row`: one row, on CUDA with Triton, the
+    weight a contiguous ``[out, in]`` of ``x``'s dtype."""
+    return (
+        _one_row_kernel == "triton"
+        and x.dim() == 2
+        and x.shape[0] == 1  # a dynamic batch is 2 or more: no guard in a compiled step
+        and kernel_available(x)
+        and weight.dtype == x.dtype
+        and weight.dim() == 2
+        and weight.is_contiguous()
+    )
+
+
+def plain_row(x: Tensor, weight: Tensor) -> Tensor:
+    """One row of ``x @ weight.T`` (a plain weight) in the tiled kernel. Its fp32 partial sums
+    are summed and cast here, which inside a compiled step inductor fuses into the kernel that
+    follows (a norm, the SiLU product), so no reduction kernel runs of its own."""
+    config = plain_row_config(weight)
+    splits = splits_for(weight, config)
+    parts: Tensor = torch.ops.hymt.weight_only(x.contiguous(), weight, weight, PLAIN, 0, splits)
+    return (parts.sum(0) if splits > 1 else parts[0]).to(x.dtype)
+
+
+def plain_row_config(weight: Tensor) -> Config:
+    return WIDE_PLAIN_ROW_CONFIG if weight.shape[0] >= WIDE else PLAIN_ROW_CONFIG
 
 
 def config_for(kind: int, rows: int) -> Config:
@@ -215,7 +267,7 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
 def _weight_only(
     x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int
 ) -> Tensor:
-    config = config_for(kind, x.shape[0])
+    config = plain_row_config(weight) if kind == PLAIN else config_for(kind, x.shape[0])
     return launch(x, weight, scale, kind, group, splits, config)
 
 

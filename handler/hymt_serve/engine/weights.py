@@ -123,6 +123,11 @@ class ModelWeights:
             facts["projection_kernel"] = (
                 "torch._scaled_mm (tensor-wise)" if projection.is_cuda else "dequantized reference"
             )
+        if projection.dtype in (torch.bfloat16, torch.float16) and projection.is_cuda:
+            one_row = weight_only.one_row_kernel() == "triton" and weight_only.has_triton()
+            facts["projection_kernel"] = (
+                "one row: Triton tiled kernel; more rows: cuBLAS" if one_row else "cuBLAS"
+            )
         head = {FP8: "fp8 e4m3, tensor-wise scale", torch.int8: "int8, a scale per row"}
         facts["lm_head"] = head.get(self.lm_head.dtype, str(self.lm_head.dtype).split(".")[-1])
         if self.embed_scale.numel():

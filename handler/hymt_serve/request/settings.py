@@ -27,6 +27,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "engine": ("auto", "hf", "fast"),
     "prompt_family": ("auto", "hunyuan-mt-7b", "hunyuan-mt-chimera", "hy-mt1.5", "hy-mt2"),
     "blas_library": ("cublas", "cublaslt"),
+    "one_row_kernel": ("triton", "cublas"),
 }
 
 # key: (lowest, highest) allowed, both inclusive.
@@ -85,6 +86,10 @@ class Settings:
     # took 0.96 x the time on an H200 (benchmarks/decode/blas/), but through TorchServe it
     # served 0.98 x the requests/s at 256 users (benchmarks/serving/guard-h200/).
     blas_library: str = "cublas"
+    # CUDA only: where one row of a bf16/fp16 product goes (a batch-1 decode step), for the
+    # whole engine process. triton: the tiled weight-only kernel with a plain weight, 0.78-0.96
+    # x cuBLAS's time per projection on an H200 (benchmarks/decode/bf16-row/).
+    one_row_kernel: str = "triton"
     # Which model family's prompts and request features (auto: from the model folder's name).
     prompt_family: str = "auto"
     max_input_tokens: int = 1024
