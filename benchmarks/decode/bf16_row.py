@@ -59,9 +59,10 @@ def rows_kernel(
     rows = w_ptr + cols[:, None].to(tl.int64) * K
     w = tl.load(rows + ks[None, :], mask=col_ok[:, None] & (ks < limit)[None, :], other=0.0)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for offset in range(0, SPAN, BLOCK_K):
+    for _ in range(0, SPAN, BLOCK_K):
         nxt = ks + BLOCK_K
-        ahead = tl.load(rows + nxt[None, :], mask=col_ok[:, None] & (nxt < limit)[None, :], other=0.0)
+        ok = col_ok[:, None] & (nxt < limit)[None, :]
+        ahead = tl.load(rows + nxt[None, :], mask=ok, other=0.0)
         x = tl.load(x_ptr + ks, mask=ks < limit, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * x[None, :]
         w, ks = ahead, nxt
@@ -111,7 +112,9 @@ def error_of(launch: object, config: tuple[int, ...], x: torch.Tensor, w: torch.
     return ((got - want).norm() / want.norm()).item()
 
 
-def passes(launch: object, x: torch.Tensor, ws: list[torch.Tensor], config: tuple[int, ...]) -> None:
+def passes(
+    launch: object, x: torch.Tensor, ws: list[torch.Tensor], config: tuple[int, ...]
+) -> None:
     for layer in range(LAYERS):
         launch(x, ws[layer % COPIES], config)  # type: ignore[operator]
 
@@ -182,7 +185,10 @@ def main() -> None:
                     "vs_cublas": round(best["ms"] / base["ms"], 3),  # type: ignore[operator]
                 }
             )
-    lines = ["| shape | kernel | config | ms / 32 layers | TB/s | cuBLAS ms | cuBLAS TB/s | x cuBLAS |"]
+    head = (
+        "| shape | kernel | config | ms / 32 layers | TB/s | cuBLAS ms | cuBLAS TB/s | x cuBLAS |"
+    )
+    lines = [head]
     lines.append("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for s in summary:
         lines.append(

@@ -1,6 +1,7 @@
-"""The weight-only products (int8, int4, and one row of a plain bf16/fp16 product): packing, quantizing, the reference the GPU kernel is
-held to, the kernels' own code run by Triton's interpreter, and an int4 model against its
-unquantized self (the measure of test_fp8_engine)."""
+"""The weight-only products (int8, int4; one row of a plain bf16/fp16 product):
+packing, quantizing, the reference the GPU kernel is held to, the kernels' own code run by
+Triton's interpreter, and an int4 model against its unquantized self (the measure of
+test_fp8_engine)."""
 
 from __future__ import annotations
 

@@ -28,9 +28,10 @@ def quantize_tensor(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor) -> Tensor:
-    """``x @ weight.T`` for a plain weight (one row of it on CUDA in the tiled weight-only kernel,
-    :func:`~hymt_serve.engine.weight_only.plain_row`), on FP8 tensor cores for an e4m3 one, and in the
-    weight-only kernel (:mod:`hymt_serve.engine.weight_only`) for int8 and int4 ones.
+    """``x @ weight.T`` for a plain weight (one row of it on CUDA in the tiled weight-only
+    kernel, :func:`~hymt_serve.engine.weight_only.plain_row`), on FP8 tensor cores for an e4m3
+    one, and in the weight-only kernel (:mod:`hymt_serve.engine.weight_only`) for int8 and int4
+    ones.
 
     FP8 (tensor-wise, as the published FP8 checkpoints are): ``weight_scale`` is one value,
     and ``x`` is quantized to e4m3 with ``input_scale`` (static, one value) or, when that is

@@ -17,6 +17,8 @@ the caller sums the splits and applies int8's row scale, which inductor fuses in
 kernel. int4 words are not unpacked into a tile: nibble ``j`` of every word meets the inputs
 ``j, j + 8, j + 16, ...`` of the block in a product of its own, so no data moves between
 threads. One row runs on CUDA cores (``one_row_kernel``) where that is faster (int4).
+One row of a plain bf16/fp16 product runs in the tiled kernel too (:func:`plain_row`): it
+reads the weights faster than cuBLAS does at one row.
 The kernels' code is in :mod:`hymt_serve.engine.weight_only_kernels`.
 
 They run as custom ops, so that compiled step functions carry them: ``hymt::weight_only``

@@ -1,7 +1,8 @@
 """The Triton kernels of :mod:`hymt_serve.engine.weight_only` (that module says what each
 weight form is and when each kernel runs):
 
-- ``weight_only_kernel``: tiles of rows on tensor cores, fp32 partial products per split;
+- ``weight_only_kernel``: tiles of rows on tensor cores, fp32 partial products per split (a
+  plain bf16/fp16 weight goes through its int8 branch, where the widening does nothing);
 - ``one_row_kernel``: one row on CUDA cores, the same partial products;
 - ``widen_int4_kernel``: an int4 weight written out in the activations' dtype, for cuBLAS;
 - ``sum_splits_kernel``: partial products summed over their splits, in the output's dtype.
