@@ -27,7 +27,7 @@ def main() -> None:
     if variant == "cublas-one-row":
         from hymt_serve.engine import weight_only
 
-        weight_only.set_one_row_kernel("cublas")
+        weight_only.set_plain_row_kernel("cublas")
     matmul = torch.backends.cuda.matmul
     if variant.startswith("lt"):
         torch.backends.cuda.preferred_blas_library("cublaslt")

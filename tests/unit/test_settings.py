@@ -38,7 +38,7 @@ def test_choices_are_normalised() -> None:
     assert settings.quantization == "none"
     assert load({"model_path": "/m", "blas_library": "cuBLASLt"}).blas_library == "cublaslt"
     assert load({"model_path": "/m"}).blas_library == "cublas"
-    assert load({"model_path": "/m"}).one_row_kernel == "triton"
+    assert load({"model_path": "/m"}).one_row_kernel == "auto"
     assert load({"model_path": "/m", "one_row_kernel": "cuBLAS"}).one_row_kernel == "cublas"
 
 
@@ -49,6 +49,22 @@ def test_the_blas_library_applies_on_cuda_only() -> None:
     assert plan_load(settings).describe()["blas_library"] == "none"
     settings = load({"model_path": "/m", "device": "cpu", "one_row_kernel": "cublas"})
     assert plan_load(settings).describe()["one_row_kernel"] == "none"
+
+
+@pytest.mark.parametrize(
+    ("setting", "capability", "resolved"),
+    [("auto", (9, 0), "triton"), ("auto", (8, 0), "cublas"), ("auto", (8, 9), "cublas"),
+     ("triton", (8, 6), "triton"), ("cublas", (9, 0), "cublas")],
+)  # fmt: skip
+def test_auto_takes_the_plain_row_kernel_where_it_was_measured(
+    monkeypatch: pytest.MonkeyPatch, setting: str, capability: tuple[int, int], resolved: str
+) -> None:
+    """Hopper (9.x): the Triton kernel, faster than cuBLAS on an H200; elsewhere cuBLAS unless
+    asked for."""
+    from hymt_serve.engine import loading
+
+    monkeypatch.setattr(loading.torch.cuda, "get_device_capability", lambda device: capability)
+    assert loading.one_row_kernel(setting, loading.torch.device("cuda", 0)) == resolved
 
 
 @pytest.mark.parametrize(
@@ -73,7 +89,7 @@ def test_the_blas_library_applies_on_cuda_only() -> None:
         ),
         (
             {"model_path": "/m", "one_row_kernel": "cutlass"},
-            "one_row_kernel must be one of ['triton', 'cublas']",
+            "one_row_kernel must be one of ['auto', 'triton', 'cublas']",
         ),
         (
             {"model_path": "/m", "quantization": "gptq"},

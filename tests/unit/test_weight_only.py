@@ -202,7 +202,7 @@ PLAIN_ROW = textwrap.dedent(
         got = compiled(x).float()
         want = F.silu(F.linear(x.float(), weight.float())) + 1
         errors.append(((got - want).abs().max() / want.abs().max()).item())
-    wo.set_one_row_kernel("cublas")
+    wo.set_plain_row_kernel("cublas")
     off = wo.plain_row_applies(torch.randn(1, inputs).half(), weight)
     print(json.dumps({"errors": errors, "graphs": len(graphs), "ops": ops, "off": off}))
     """
@@ -221,7 +221,10 @@ def test_one_row_of_a_plain_product_runs_in_the_tiled_kernel() -> None:
     assert found["off"] is False
 
 
-def test_the_one_row_kernel_setting_names_a_kernel() -> None:
+def test_the_plain_row_kernel_setting_names_a_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(weight_only, "_plain_row_kernel", "triton")
     with pytest.raises(ValueError, match="one_row_kernel must be one of"):
-        weight_only.set_one_row_kernel("cutlass")
-    assert weight_only.one_row_kernel() == "triton"
+        weight_only.set_plain_row_kernel("cutlass")
+    assert weight_only.plain_row_kernel() == "triton"
+    weight_only.set_plain_row_kernel("cublas")
+    assert weight_only.plain_row_kernel() == "cublas"

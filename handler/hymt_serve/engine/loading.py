@@ -59,8 +59,18 @@ def plan_load(settings: Settings, gpu_id: int | None = None) -> LoadPlan:
         _attention(settings.attention, device),
         _quantization(settings.quantization, device),
         settings.blas_library if use_cuda else "none",
-        settings.one_row_kernel if use_cuda else "none",
+        one_row_kernel(settings.one_row_kernel, device),
     )
+
+
+def one_row_kernel(name: str, device: torch.device) -> str:
+    """``one_row_kernel`` resolved: ``auto`` is the Triton kernel on Hopper (compute capability
+    9.x, where it was measured faster than cuBLAS) and cuBLAS on other GPUs; "none" off CUDA."""
+    if device.type != "cuda":
+        return "none"
+    if name != "auto":
+        return name
+    return "triton" if torch.cuda.get_device_capability(device)[0] == 9 else "cublas"
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
@@ -164,7 +174,7 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
         torch.cuda.set_device(plan.device)
         if plan.blas_library != "cublas":  # process-wide, before any graph is captured
             torch.backends.cuda.preferred_blas_library(plan.blas_library)
-        weight_only.set_one_row_kernel(plan.one_row_kernel)
+        weight_only.set_plain_row_kernel(plan.one_row_kernel)
     if not (settings.model_path / "config.json").is_file():
         raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
     started = time.perf_counter()

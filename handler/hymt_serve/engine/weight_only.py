@@ -88,28 +88,28 @@ MANY_ROWS_CONFIGS = {
 PLAIN_ROW_CONFIG = Config(16, 32, 128, 4, 3, 264)
 WIDE_PLAIN_ROW_CONFIG = Config(16, 64, 128, 4, 3, 264)
 WIDE = 65_536  # output columns from which a plain row takes the wide tiles
-ONE_ROW_KERNELS = ("triton", "cublas")
-_one_row_kernel = "triton"
+PLAIN_ROW_KERNELS = ("triton", "cublas")
+_plain_row_kernel = "triton"  # load_model sets it from one_row_kernel (auto: by the GPU)
 
 
-def set_one_row_kernel(name: str) -> None:
+def set_plain_row_kernel(name: str) -> None:
     """Where one row of a plain product goes, for the whole process (``one_row_kernel``):
     ``triton`` (:func:`plain_row`) or ``cublas`` (``F.linear``). Read when a step is traced."""
-    if name not in ONE_ROW_KERNELS:
-        raise ValueError(f"one_row_kernel must be one of {ONE_ROW_KERNELS}, got {name!r}")
-    global _one_row_kernel
-    _one_row_kernel = name
+    if name not in PLAIN_ROW_KERNELS:
+        raise ValueError(f"one_row_kernel must be one of {PLAIN_ROW_KERNELS}, got {name!r}")
+    global _plain_row_kernel
+    _plain_row_kernel = name
 
 
-def one_row_kernel() -> str:
-    return _one_row_kernel
+def plain_row_kernel() -> str:
+    return _plain_row_kernel
 
 
 def plain_row_applies(x: Tensor, weight: Tensor) -> bool:
     """Whether ``x @ weight.T`` goes to :func:`plain_row`: one row, on CUDA with Triton, the
     weight a contiguous ``[out, in]`` of ``x``'s dtype."""
     return (
-        _one_row_kernel == "triton"
+        _plain_row_kernel == "triton"
         and x.dim() == 2
         and x.shape[0] == 1  # a dynamic batch is 2 or more: no guard in a compiled step
         and kernel_available(x)

@@ -124,7 +124,7 @@ class ModelWeights:
                 "torch._scaled_mm (tensor-wise)" if projection.is_cuda else "dequantized reference"
             )
         if projection.dtype in (torch.bfloat16, torch.float16) and projection.is_cuda:
-            one_row = weight_only.one_row_kernel() == "triton" and weight_only.has_triton()
+            one_row = weight_only.plain_row_kernel() == "triton" and weight_only.has_triton()
             facts["projection_kernel"] = (
                 "one row: Triton tiled kernel; more rows: cuBLAS" if one_row else "cuBLAS"
             )

@@ -27,7 +27,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "engine": ("auto", "hf", "fast"),
     "prompt_family": ("auto", "hunyuan-mt-7b", "hunyuan-mt-chimera", "hy-mt1.5", "hy-mt2"),
     "blas_library": ("cublas", "cublaslt"),
-    "one_row_kernel": ("triton", "cublas"),
+    "one_row_kernel": ("auto", "triton", "cublas"),
 }
 
 # key: (lowest, highest) allowed, both inclusive.
@@ -88,8 +88,9 @@ class Settings:
     blas_library: str = "cublas"
     # CUDA only: where one row of a bf16/fp16 product goes (a batch-1 decode step), for the
     # whole engine process. triton: the tiled weight-only kernel with a plain weight, 0.78-0.96
-    # x cuBLAS's time per projection on an H200 (benchmarks/decode/bf16-row/).
-    one_row_kernel: str = "triton"
+    # x cuBLAS's time per projection on an H200 (benchmarks/decode/bf16-row/); auto: triton on
+    # Hopper, where that was measured, cuBLAS on other GPUs.
+    one_row_kernel: str = "auto"
     # Which model family's prompts and request features (auto: from the model folder's name).
     prompt_family: str = "auto"
     max_input_tokens: int = 1024
