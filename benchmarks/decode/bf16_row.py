@@ -34,7 +34,6 @@ import triton.language as tl
 from fp8_gemm import LAYERS, timed_graph
 
 from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.weight_only_kernels import weight_only_kernel
 
 SHAPES = {
     "qkv": (6144, 4096),
@@ -69,17 +68,10 @@ def rows_kernel(
     tl.store(out_ptr + tl.program_id(1) * N + cols, tl.sum(acc, axis=1), mask=col_ok)
 
 
-def splits_of(n: int, k: int, block_n: int, block_k: int, programs: int) -> int:
-    tiles, splits = -(-n // block_n), 1
-    while tiles * splits < programs and splits * 2 <= k // block_k:
-        splits *= 2
-    return splits
-
-
 def launch_rows(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...]) -> torch.Tensor:
     block_n, block_k, warps, programs = config
     n, k = w.shape
-    splits = splits_of(n, k, block_n, block_k, programs)
+    splits = wo.splits_for(w, wo.Config(1, block_n, block_k, warps, 1, programs))
     parts = torch.empty(splits, n, device=x.device, dtype=torch.float32)
     span = triton.cdiv(k, splits * block_k) * block_k
     rows_kernel[(triton.cdiv(n, block_n), splits)](
@@ -89,16 +81,12 @@ def launch_rows(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...]) -> to
 
 
 def launch_dot(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...]) -> torch.Tensor:
+    """The engine's tiled kernel (``weight_only.launch``): a plain weight as the engine's
+    batch-1 step runs it, or an int8 one (int8_row.py), its scale not applied."""
     block_n, block_k, stages, programs = config
-    n, k = w.shape
-    splits = splits_of(n, k, block_n, block_k, programs)
-    parts = torch.empty(splits, 1, n, device=x.device, dtype=torch.float32)
-    span = triton.cdiv(k, splits * block_k) * block_k
-    weight_only_kernel[(triton.cdiv(n, block_n), splits, 1)](
-        x, w, w, parts, 1, n, k, x.stride(0), KIND=wo.INT8, GROUP=1, BLOCK_M=16,
-        BLOCK_N=block_n, BLOCK_K=block_k, SPAN=span, num_warps=4, num_stages=stages,
-    )  # fmt: skip
-    return parts.view(splits, n)
+    tiles = wo.Config(16, block_n, block_k, 4, stages, programs)
+    kind = wo.INT8 if w.dtype == torch.int8 else wo.PLAIN
+    return wo.launch(x, w, w, kind, 0, wo.splits_for(w, tiles), tiles).flatten(0, 1)
 
 
 def launch_cublas(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...]) -> torch.Tensor:

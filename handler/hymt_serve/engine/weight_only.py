@@ -126,7 +126,13 @@ def plain_row(x: Tensor, weight: Tensor) -> Tensor:
     config = plain_row_config(weight)
     splits = splits_for(weight, config)
     parts: Tensor = torch.ops.hymt.weight_only(x.contiguous(), weight, weight, PLAIN, 0, splits)
-    return (parts.sum(0) if splits > 1 else parts[0]).to(x.dtype)
+    return _summed(parts).to(x.dtype)
+
+
+def _summed(parts: Tensor) -> Tensor:
+    """fp32 partial products ``[splits, rows, out]`` summed over the splits (inside a compiled
+    step, a sum inductor fuses into the kernel that reads it)."""
+    return parts.sum(0) if parts.shape[0] > 1 else parts[0]
 
 
 def plain_row_config(weight: Tensor) -> Config:
@@ -259,7 +265,7 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     config = FEW_ROWS_CONFIGS[INT8] if kind == INT8 else ONE_ROW_CONFIGS[INT4]
     splits = splits_for(weight, config)
     parts: Tensor = torch.ops.hymt.weight_only(x.contiguous(), weight, scale, kind, group, splits)
-    out = parts.sum(0) if splits > 1 else parts[0]
+    out = _summed(parts)
     if kind == INT8:
         out = out * scale
     return out.to(x.dtype)
