@@ -23,6 +23,7 @@ import torch
 import triton
 from bf16_row import COPIES, SHAPES, error_of, launch_dot, median_ms, passes
 from fp8_gemm import LAYERS
+from weight_only_gemm import save_configs
 
 from hymt_serve.engine import weight_only as wo
 from hymt_serve.engine.quantized import quantize_int8_rows
@@ -35,7 +36,7 @@ def main() -> None:
     torch.manual_seed(0)
     engine = wo.ONE_ROW_CONFIGS[wo.INT8]
     engine_tile = (engine.block_n, engine.block_k, engine.stages, engine.programs)
-    tiles = [*itertools.product((32, 64), (128, 256, 512), (3, 4), (264,)), engine_tile]
+    tiles = [*itertools.product((16, 32, 64), (128, 256, 512), (3, 4), (264, 528)), engine_tile]
     tiles = list(dict.fromkeys(tiles))
     rows: dict[str, list[dict[str, object]]] = {}
     for name, (n, k) in SHAPES.items():
@@ -87,18 +88,12 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     block_n, block_k, stages, programs = best
     chosen = wo.Config(16, block_n, block_k, engine.warps, stages, programs)
-    tables = {"one_row": wo.ONE_ROW_CONFIGS, "few_rows": wo.FEW_ROWS_CONFIGS}
-    tables |= {"many_rows": wo.MANY_ROWS_CONFIGS}
-    configs = {
-        table: {"int8": list(t[wo.INT8]), "int4": list(t[wo.INT4])} for table, t in tables.items()
-    }
-    configs["one_row"]["int8"] = list(chosen)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "int8_row.json").write_text(
         json.dumps({"rows": rows, "best": list(best)}, indent=2)
     )
     (args.out / "int8_row.md").write_text("\n".join(lines) + "\n")
-    (args.out / "configs.json").write_text(json.dumps({"configs": configs}, indent=2))
+    save_configs(args.out / "configs.json", {wo.INT8: chosen})
 
 
 if __name__ == "__main__":

@@ -152,6 +152,23 @@ def tables() -> dict[str, dict[int, wo.Config]]:
     }
 
 
+def current_configs() -> dict[str, dict[str, list[int]]]:
+    """The engine's tile tables, by table and form name."""
+    return {
+        table_name: {name: list(table[kind]) for name, kind in KINDS.items()}
+        for table_name, table in tables().items()
+    }
+
+
+def save_configs(path: Path, one_row: dict[int, wo.Config]) -> None:
+    """Write the engine's tile tables, ``one_row`` replacing some of its one-row entries, in
+    the form :func:`load_configs` and ``bench_decode.py --weight-only-configs`` read."""
+    configs = current_configs()
+    for kind, config in one_row.items():
+        configs["one_row"][next(n for n, k in KINDS.items() if k == kind)] = list(config)
+    path.write_text(json.dumps({"configs": configs}, indent=2))
+
+
 def load_configs(path: Path) -> None:
     """Take the tiles a sweep wrote (``weight_only_gemm.json``) for this process."""
     saved = json.loads(path.read_text())["configs"]
@@ -239,10 +256,7 @@ def main() -> None:
     report = {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "configs": {
-            table_name: {name: list(table[kind]) for name, kind in KINDS.items()}
-            for table_name, table in tables().items()
-        },
+        "configs": current_configs(),
         "sweeps": swept,
         "rows": rows,
     }
