@@ -111,6 +111,18 @@ def one_pass(
             launch(x, q, s, config)  # type: ignore[operator]
 
 
+def pass_inputs(
+    device: str, rows: int
+) -> tuple[list[list[tuple[torch.Tensor, torch.Tensor]]], list[torch.Tensor]]:
+    """COPIES int4 forms of each projection, and ``rows`` rows of input for each."""
+    forms = [
+        [wo.quantize_int4_groups(torch.randn(n, k, device=device) * 0.02) for n, k in SHAPES]
+        for _ in range(COPIES)
+    ]
+    xs = [torch.randn(rows, k, device=device, dtype=torch.bfloat16) for _, k in SHAPES]
+    return forms, xs
+
+
 def per_shape(
     xs: list[torch.Tensor], forms: list[list[tuple[torch.Tensor, torch.Tensor]]], config: wo.Config
 ) -> list[dict[str, object]]:
@@ -148,13 +160,7 @@ def main() -> None:
     variants += [("pairs", launch_pairs, wo.Config(1, *c)) for c in pairs]
     results = []
     torch.manual_seed(0)
-    forms, xs = [], []
-    if not args.check_only:
-        forms = [
-            [wo.quantize_int4_groups(torch.randn(n, k, device=device) * 0.02) for n, k in SHAPES]
-            for _ in range(COPIES)
-        ]
-        xs = [torch.randn(1, k, device=device, dtype=torch.bfloat16) for _, k in SHAPES]
+    forms, xs = ([], []) if args.check_only else pass_inputs(device, 1)
     for name, launch, config in variants:
         row = {"kernel": name, "config": list(config), "error": error_of(launch, config, device)}
         if not args.check_only:
