@@ -228,3 +228,30 @@ def test_the_plain_row_kernel_setting_names_a_kernel(monkeypatch: pytest.MonkeyP
     assert weight_only.plain_row_kernel() == "triton"
     weight_only.set_plain_row_kernel("cublas")
     assert weight_only.plain_row_kernel() == "cublas"
+
+
+def test_int8_takes_its_split_from_the_row_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row of an int8 product is split by the one-row tiles, more rows by the few-rows
+    tiles, so a tile sweep's one-row config governs the batch-1 step."""
+    one_row = weight_only.Config(16, 64, 128, 4, 3, 4096)
+    few_rows = weight_only.Config(16, 64, 256, 4, 3, 64)
+    monkeypatch.setitem(weight_only.ONE_ROW_CONFIGS, weight_only.INT8, one_row)
+    monkeypatch.setitem(weight_only.FEW_ROWS_CONFIGS, weight_only.INT8, few_rows)
+    monkeypatch.setattr(weight_only, "kernel_available", lambda x: True)
+    splits_seen = []
+
+    def launch(x, weight, scale, kind, group, splits, config):  # type: ignore[no-untyped-def]
+        splits_seen.append(splits)
+        full = x.float() @ weight.float().T
+        return torch.stack([full / splits] * splits)  # split parts that sum to the product
+
+    monkeypatch.setattr(weight_only, "launch", launch)
+    torch.manual_seed(0)
+    q, scale = quantize_int8_rows(torch.randn(128, 1024) * 0.02)
+    for rows in (1, 3):
+        x = torch.randn(rows, 1024).half()
+        got = weight_only.linear(x, q, scale).float()
+        want = weight_only.reference(x.float(), q, scale)
+        torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+    expected = [weight_only.splits_for(q, one_row), weight_only.splits_for(q, few_rows)]
+    assert splits_seen == expected and expected[0] != expected[1], splits_seen
