@@ -93,7 +93,7 @@ def main() -> None:
         json.dumps({"rows": rows, "best": list(best)}, indent=2)
     )
     (args.out / "int8_row.md").write_text("\n".join(lines) + "\n")
-    save_configs(args.out / "configs.json", {wo.INT8: chosen})
+    save_configs(args.out / "configs.json", {"int8": chosen})
 
 
 if __name__ == "__main__":

@@ -160,12 +160,12 @@ def current_configs() -> dict[str, dict[str, list[int]]]:
     }
 
 
-def save_configs(path: Path, one_row: dict[int, wo.Config]) -> None:
-    """Write the engine's tile tables, ``one_row`` replacing some of its one-row entries, in
-    the form :func:`load_configs` and ``bench_decode.py --weight-only-configs`` read."""
+def save_configs(path: Path, one_row: dict[str, wo.Config]) -> None:
+    """Write the engine's tile tables, ``one_row`` (by form name) replacing some of its one-row
+    entries, in the form :func:`load_configs` and ``bench_decode.py --weight-only-configs``
+    read."""
     configs = current_configs()
-    for kind, config in one_row.items():
-        configs["one_row"][next(n for n, k in KINDS.items() if k == kind)] = list(config)
+    configs["one_row"] |= {name: list(config) for name, config in one_row.items()}
     path.write_text(json.dumps({"configs": configs}, indent=2))
 
 

@@ -259,14 +259,11 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
         # Batch 1 is specialised and a dynamic batch is 2 or more: no guard, no third graph.
         out: Tensor = torch.ops.hymt.int4_rows(x.contiguous(), weight, scale, group)
         return out
-    # int8's split depends on the row class only: one row (static in the batch-1 step) or
-    # more (the few-rows tiles': for a 7B's projections and head the same as the many-rows
-    # tiles' would be), so a step compiled with a symbolic batch (2 or more) needs no guard on
-    # it; the kernel's tiles are picked inside the op.
-    if kind == INT8:
-        config = ONE_ROW_CONFIGS[INT8] if x.shape[0] == 1 else FEW_ROWS_CONFIGS[INT8]
-    else:
-        config = ONE_ROW_CONFIGS[INT4]
+    # The split depends on the row class only: one row (static in the batch-1 step; int4
+    # comes here with one row only) or more (int8's few-rows tiles: for a 7B's projections and
+    # head the same as the many-rows tiles' would be), so a step compiled with a symbolic
+    # batch (2 or more) needs no guard on it; the kernel's tiles are picked inside the op.
+    config = ONE_ROW_CONFIGS[kind] if x.shape[0] == 1 else FEW_ROWS_CONFIGS[kind]
     splits = splits_for(weight, config)
     parts: Tensor = torch.ops.hymt.weight_only(x.contiguous(), weight, scale, kind, group, splits)
     out = _summed(parts)
