@@ -65,11 +65,12 @@ class Config(NamedTuple):
 
 # Chosen on an H200 by benchmarks/decode/weight_only_gemm.py (a sweep over one pass of a
 # 7B's projections): for one row, 2-16 rows, and more. int4's one row: from the sweep in
-# benchmarks/decode/int4_pairs.py (2 warps, 2,112 programs: 2.11 ms; stages do not matter,
-# its loads are not pipelined by Triton).
+# benchmarks/decode/int4_packed.py (2 warps, 1,056 programs: 1.76-1.81 ms with bf16 inputs,
+# 2.05-2.13 with fp16's arithmetic; stages do not matter, its loads are not pipelined by
+# Triton).
 ONE_ROW_CONFIGS = {
     INT8: Config(16, 64, 256, 4, 3, 264),
-    INT4: Config(1, 64, 128, 2, 1, 2112),
+    INT4: Config(1, 64, 128, 2, 1, 1056),
 }
 FEW_ROWS_CONFIGS = {
     INT8: Config(16, 64, 256, 4, 3, 264),

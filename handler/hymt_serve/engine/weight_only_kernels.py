@@ -139,13 +139,15 @@ if triton is not None:
     ):  # fmt: skip
         # One row's int4 products over the inputs [start, start + SPAN): a [words, columns]
         # tile of fp32 partial sums, reduced over the words at the end.
-        # - Two nibbles per integer operation: nibbles j and j + 4 of a word masked into the
-        #   low bits of two bf16 halves ORed with 0x4300 read as 128 + q, exactly; a shift or a
-        #   mask makes each half an fp32. 128 and the zero point come off once per block,
-        #   through the block's sum of inputs.
+        # - Two nibbles per operation: nibbles j and j + 4 of a word masked into the low bits
+        #   of two bf16 halves ORed with 0x4300 read as 128 + q, exactly. bf16 inputs multiply
+        #   them as bf16 pairs (int4_bf16x2); fp16 inputs widen each half to fp32
+        #   (int4_pairs).
         # - The next block's words load before this block's arithmetic. Triton pipelines only
         #   loads that feed tl.dot: num_stages 1 to 4 gave the same 2.34 ms per pass over a
         #   7B's projections, this 2.11 (H200, benchmarks/decode/int4_pairs.py).
+        # - The arithmetic, not the loads, bounds it: the same loads alone take 1.05 ms a
+        #   pass, int4_pairs 2.05-2.12, int4_bf16x2 1.74-1.85 (benchmarks/decode/int4_packed.py).
         DEPTH: tl.constexpr = BLOCK_K // 8
         limit = tl.minimum(start + SPAN, K)
         acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
@@ -156,7 +158,10 @@ if triton is not None:
             ahead = int4_block(
                 w_ptr, s_ptr, start + offset + BLOCK_K, limit, cols, col_ok, N, K, GROUP, DEPTH
             )
-            acc += int4_pairs(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
+            if x_row.dtype.element_ty == tl.bfloat16:
+                acc += int4_bf16x2(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
+            else:
+                acc += int4_pairs(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
             words, word_ok, packed, scale, zero = ahead
         return tl.sum(acc, axis=0)
 
@@ -176,6 +181,44 @@ if triton is not None:
             part += low * xa[:, None] + high * xb[:, None]
             x_sum += xa + xb
         return part * scale[None, :] - x_sum[:, None] * ((zero + 128.0) * scale)[None, :]
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def int4_bf16x2(  # type: ignore[no-untyped-def]
+        x_row, words, word_ok, packed, scale, zero, DEPTH: tl.constexpr, BLOCK_N: tl.constexpr
+    ):
+        # One block's [words, columns] products for int4_row with bf16 inputs, two products
+        # per instruction: per word and pair j, lop3 makes the bf16 pair (128 + q_j,
+        # 128 + q_j+4), one fma.bf16x2 takes 128 + the zero point off (exact: small integers)
+        # and one more multiplies by (x[8w + j], x[8w + j + 4]) and adds. The four products a
+        # half sums round in bf16 (2^-9 of their size, far under int4's own rounding of the
+        # weight); the block's sums widen to fp32 for the group scale and everything after.
+        # About 20 instructions a word against int4_pairs' 30.
+        minus = (-(zero + 128.0)).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+        minus = minus & 0xFFFF
+        minus = tl.broadcast_to((minus | (minus << 16))[None, :], (DEPTH, BLOCK_N))
+        acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.int32)  # the bf16 pair (+0, +0)
+        for j in tl.static_range(4):
+            xa = tl.load(x_row + words * 8 + j, mask=word_ok, other=0.0)
+            xb = tl.load(x_row + words * 8 + j + 4, mask=word_ok, other=0.0)
+            x_pair = (xa.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (
+                xb.to(tl.int16, bitcast=True).to(tl.int32) << 16
+            )
+            acc = tl.inline_asm_elementwise(
+                "{ .reg .b32 p, w, mask, magic, one;"
+                " mov.b32 mask, 0x000F000F; mov.b32 magic, 0x43004300;"
+                " mov.b32 one, 0x3F803F80;"
+                " lop3.b32 p, $1, mask, magic, 0xEA;"  # (a & mask) | magic
+                " fma.rn.bf16x2 w, p, one, $3;"  # q - zero
+                " fma.rn.bf16x2 $0, w, $2, $4; }",
+                "=r,r,r,r,r",
+                [packed >> (4 * j), tl.broadcast_to(x_pair[:, None], (DEPTH, BLOCK_N)), minus, acc],
+                dtype=tl.int32,
+                is_pure=True,
+                pack=1,
+            )
+        low = (acc << 16).to(tl.float32, bitcast=True)
+        high = (acc & -65536).to(tl.float32, bitcast=True)
+        return (low + high) * scale[None, :]
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int8_row(  # type: ignore[no-untyped-def]
