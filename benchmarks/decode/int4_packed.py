@@ -16,12 +16,13 @@ script runs the kernel's loads with each arithmetic (``MODES``):
   integer operations per word of each thread's tile);
 
 each with the next block loaded before this block's arithmetic (``--ahead 1``, as the
-engine) or the next two (``2``), over tiles of 32-128 columns, 1-4 warps and 528-2,112
-programs. It prints and writes (``--out``) one pass over the projections (32 layers of qkv, o,
-gate_up, down; CUDA graph; four distinct weights in turn, nothing in L2) for each, after
-checking each against the dequantized reference, with its registers, and the best of each
-kind per projection against the engine's kernel. (The first runs also loaded each block's
-inputs with its words, a block ahead: it did not help, and was taken out.)
+engine) or the next two (``2``), over tiles of 64-256 columns and 32-128 inputs, 1-2 warps
+and 1,056-2,112 programs. It prints and writes (``--out``) one pass over the projections
+(32 layers of qkv, o, gate_up, down; CUDA graph; four distinct weights in turn, nothing in
+L2) for each, after checking each against the dequantized reference, with its registers, and
+the best of each kind per projection against the engine's kernel. (The first runs also
+loaded each block's inputs with its words, a block ahead: it did not help, and was taken
+out.)
 
     PYTHONPATH=handler:benchmarks/decode python benchmarks/decode/int4_packed.py --out DIR
 """
@@ -34,6 +35,7 @@ import json
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import triton
@@ -181,7 +183,7 @@ def launch(
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPAN=span, MODE=mode, AHEAD=ahead,
         num_warps=config.warps, num_stages=1,
     )  # fmt: skip
-    REGISTERS[config.block_n, config.warps, mode, ahead] = (
+    REGISTERS[config.block_n, config.block_k, config.warps, mode, ahead] = (
         getattr(compiled, "n_regs", -1),
         getattr(compiled, "n_spills", -1),
     )
@@ -221,6 +223,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ahead", type=int, nargs="+", choices=(1, 2), default=[1, 2])
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     args = parser.parse_args()
     torch.manual_seed(0)
     forms, xs = pass_inputs("cuda", 1)
@@ -246,18 +249,23 @@ def main() -> None:
     error = error_of(lambda x, q, s: engine_kernel(x, q, s, None), "cuda")
     record(engine | {"error": error} | timed(engine_kernel), rows)
     best: dict[tuple[str, int], tuple[float, wo.Config]] = {}
-    tiles = itertools.product((32, 64, 128), (1, 2, 4), (528, 1056, 2112))
-    for (block_n, warps, programs), (name, mode), ahead in itertools.product(
+    # Blocks of 32-128 inputs (a group of 128 takes its scales once a block or reloads them):
+    # with 1 warp a 128-column tile, with 2 warps a 256-column tile, gives the scales' own load
+    # the products' layout (no exchange through shared memory each block).
+    tiles = itertools.product((64, 128, 256), (32, 64, 128), (1, 2), (1056, 2112))
+    for (block_n, block_k, warps, programs), (name, mode), ahead in itertools.product(
         tiles, MODES.items(), args.ahead
     ):
-        config = wo.Config(1, block_n, 128, warps, 1, programs)
+        if name not in args.modes:
+            continue
+        config = wo.Config(1, block_n, block_k, warps, 1, programs)
         run = kernel(config, mode, ahead)
         error = 0.0
         if name != "loads":
             error = error_of(lambda x, q, s, r=run: r(x, q, s, None), "cuda")
         row = {"kernel": name, "ahead": ahead, "config": list(config), "error": error}
         row |= timed(run)
-        row["registers"], row["spills"] = REGISTERS[block_n, warps, mode, ahead]
+        row["registers"], row["spills"] = REGISTERS[block_n, block_k, warps, mode, ahead]
         record(row, rows)
         ms = float(rows[-1]["ms"])  # type: ignore[arg-type]
         if (name, ahead) not in best or ms < best[name, ahead][0]:
@@ -271,6 +279,33 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"gpu": torch.cuda.get_device_name(), "rows": rows, "per_shape": per_shape}
     (args.out / "int4_packed.json").write_text(json.dumps(report, indent=2))
+    (args.out / "int4_packed.md").write_text(markdown(report, best))
+    print(markdown(report, best))
+
+
+def markdown(report: dict[str, Any], best: dict[tuple[str, int], tuple[float, wo.Config]]) -> str:
+    """The best tile of each kind over a pass, and each projection on those tiles."""
+    engine = report["rows"][0]
+    lines = [
+        f"One pass over a 7B's projections at one row ({report['gpu']}, CUDA graph, ms).",
+        "",
+        "| kernel | ahead | tile (block_m, block_n, block_k, warps, stages, programs) | ms |",
+        "| --- | ---: | --- | ---: |",
+        f"| engine | 1 | {tuple(engine['config'])} | {engine['ms']} |",
+    ]
+    for (name, ahead), (ms, config) in sorted(best.items(), key=lambda item: item[1][0]):
+        lines.append(f"| {name} | {ahead} | {tuple(config)} | {ms} |")
+    lines += [
+        "",
+        "| projection | kernel | ahead | ms | TB/s |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for row in report["per_shape"]:
+        lines.append(
+            f"| {tuple(row['shape'])} | {row['kernel']} | {row.get('ahead', 1)} | {row['ms']} "
+            f"| {row['tb_s']} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
