@@ -9,11 +9,12 @@ script runs the kernel's loads with each arithmetic (``MODES``):
   arithmetic (the floor for any arithmetic on it);
 - ``fp32``: ``int4_pairs`` (fp16 inputs in the engine): two nibbles per integer operation,
   three fp32 operations per pair, about 30 instructions a word;
-- ``bf16x2``: ``int4_bf16x2`` (bf16 inputs in the engine): two products per bf16x2
-  instruction, about 20 instructions a word;
-- ``bf16x2-words``: the same with the inputs loaded as four bf16 pairs a word and permuted
-  by ``prmt`` (four loads and four permutes where ``bf16x2`` has eight loads and about 20
-  integer operations per word of each thread's tile);
+- ``bf16x2``: two products per bf16x2 instruction (``bf16x2_step``), the inputs loaded one
+  bf16 at a time and paired by integer operations (the engine's first bf16x2 kernel);
+- ``bf16x2-words``: ``int4_bf16x2`` (bf16 inputs in the engine): the same with the inputs
+  loaded as four bf16 pairs a word and permuted by ``prmt`` (four loads and four permutes
+  where ``bf16x2`` has eight loads and about 20 integer operations per word of each
+  thread's tile);
 
 each with the next block loaded before this block's arithmetic (``--ahead 1``, as the
 engine) or the next two (``2``), over tiles of 64-256 columns and 32-128 inputs, 1-2 warps
@@ -44,68 +45,32 @@ from fp8_gemm import LAYERS, SHAPES, timed_graph
 from int4_pairs import one_pass, pass_inputs
 
 from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.weight_only_kernels import int4_bf16x2, int4_block, int4_pairs
+from hymt_serve.engine.weight_only_kernels import bf16x2_step, int4_bf16x2, int4_block, int4_pairs
 
 MODES = {"loads": 0, "fp32": 1, "bf16x2": 2, "bf16x2-words": 3}
 REGISTERS: dict[tuple[int, ...], tuple[int, int]] = {}  # (tile, mode, ahead): registers, spills
 
 
 @triton.jit
-def bf16x2_words(
+def bf16x2_scalar(
     x_row, words, word_ok, packed, scale, zero, DEPTH: tl.constexpr, BLOCK_N: tl.constexpr
 ):
-    # int4_bf16x2's arithmetic with the inputs loaded four bf16 pairs a word
-    # ((x[8w], x[8w + 1]), ...) and permuted into (x[8w + j], x[8w + j + 4]) by prmt: four
-    # loads and four permutes a word where int4_bf16x2 has eight loads and about 20
-    # operations.
-    pairs = x_row.to(tl.pointer_type(tl.int32)) + words * 4
-    p0 = tl.load(pairs, mask=word_ok, other=0)
-    p1 = tl.load(pairs + 1, mask=word_ok, other=0)
-    p2 = tl.load(pairs + 2, mask=word_ok, other=0)
-    p3 = tl.load(pairs + 3, mask=word_ok, other=0)
+    # int4_bf16x2's arithmetic with its inputs loaded one bf16 at a time, x[8w + j] and
+    # x[8w + j + 4], and paired by integer operations (eight loads and about 20 operations a
+    # word of each thread's tile, where int4_bf16x2 has four loads and four prmt).
     minus = (-(zero + 128.0)).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     minus = tl.broadcast_to((minus | (minus << 16))[None, :], (DEPTH, BLOCK_N))
     acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.int32)
-    acc = pair_step(packed, low_halves(p0, p2), minus, acc)
-    acc = pair_step(packed >> 4, high_halves(p0, p2), minus, acc)
-    acc = pair_step(packed >> 8, low_halves(p1, p3), minus, acc)
-    acc = pair_step(packed >> 12, high_halves(p1, p3), minus, acc)
+    for j in tl.static_range(4):
+        xa = tl.load(x_row + words * 8 + j, mask=word_ok, other=0.0)
+        xb = tl.load(x_row + words * 8 + j + 4, mask=word_ok, other=0.0)
+        pair = (xa.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (
+            xb.to(tl.int16, bitcast=True).to(tl.int32) << 16
+        )
+        acc = bf16x2_step(packed >> (4 * j), pair, minus, acc)
     low = (acc << 16).to(tl.float32, bitcast=True)
     high = (acc & -65536).to(tl.float32, bitcast=True)
     return (low + high) * scale[None, :]
-
-
-@triton.jit
-def low_halves(a, b):
-    # prmt: the low halves of a and b as one pair.
-    return tl.inline_asm_elementwise(
-        "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
-    )
-
-
-@triton.jit
-def high_halves(a, b):
-    # prmt: the high halves of a and b as one pair.
-    return tl.inline_asm_elementwise(
-        "prmt.b32 $0, $1, $2, 0x7632;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
-    )
-
-
-@triton.jit
-def pair_step(shifted, x_pair, minus, acc):
-    # int4_bf16x2's step: the pair in the low nibbles of each half of ``shifted`` times the
-    # input pair, into the accumulator.
-    return tl.inline_asm_elementwise(
-        "{ .reg .b32 p, w, mask, magic, one;"
-        " mov.b32 mask, 0x000F000F; mov.b32 magic, 0x43004300; mov.b32 one, 0x3F803F80;"
-        " lop3.b32 p, $1, mask, magic, 0xEA; fma.rn.bf16x2 w, p, one, $3;"
-        " fma.rn.bf16x2 $0, w, $2, $4; }",
-        "=r,r,r,r,r",
-        [shifted, tl.broadcast_to(x_pair[:, None], acc.shape), minus, acc],
-        dtype=tl.int32,
-        is_pure=True,
-        pack=1,
-    )
 
 
 @triton.jit
@@ -119,9 +84,9 @@ def block_products(
     elif MODE == 1:
         return int4_pairs(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
     elif MODE == 2:
-        return int4_bf16x2(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
+        return bf16x2_scalar(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
     else:
-        return bf16x2_words(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
+        return int4_bf16x2(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])

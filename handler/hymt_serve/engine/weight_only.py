@@ -65,12 +65,12 @@ class Config(NamedTuple):
 
 # Chosen on an H200 by benchmarks/decode/weight_only_gemm.py (a sweep over one pass of a
 # 7B's projections): for one row, 2-16 rows, and more. int4's one row: from the sweep in
-# benchmarks/decode/int4_packed.py (2 warps, 1,056 programs: 1.76-1.81 ms with bf16 inputs,
-# 2.05-2.13 with fp16's arithmetic; stages do not matter, its loads are not pipelined by
-# Triton).
+# benchmarks/decode/int4_packed.py with bf16 inputs (1.60 ms a pass; stages do not matter,
+# its loads are not pipelined by Triton). A block of 32 inputs by 128 columns on one warp
+# loads the scales in the products' own layout: no exchange through shared memory a block.
 ONE_ROW_CONFIGS = {
     INT8: Config(16, 64, 256, 4, 3, 264),
-    INT4: Config(1, 64, 128, 2, 1, 1056),
+    INT4: Config(1, 128, 32, 1, 1, 1056),
 }
 FEW_ROWS_CONFIGS = {
     INT8: Config(16, 64, 256, 4, 3, 264),
@@ -295,6 +295,9 @@ def launch(
     cols = out_features(weight)
     if kind == INT4 and group % config.block_k:
         config = config._replace(block_k=group)
+    if kind == INT4 and x.data_ptr() % 4:
+        x = x.clone()  # int4's one row loads its bf16 inputs in pairs, as int32
+    # (a row of an even input dimension starts 4-byte aligned: this is a view's odd offset)
     parts = x.new_empty(splits, rows, cols, dtype=torch.float32)
     span = triton.cdiv(inputs, splits * config.block_k) * config.block_k
     grid = (triton.cdiv(cols, config.block_n), splits, triton.cdiv(rows, config.block_m))

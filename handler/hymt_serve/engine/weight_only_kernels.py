@@ -147,7 +147,7 @@ if triton is not None:
         #   loads that feed tl.dot: num_stages 1 to 4 gave the same 2.34 ms per pass over a
         #   7B's projections, this 2.11 (H200, benchmarks/decode/int4_pairs.py).
         # - The arithmetic, not the loads, bounds it: the same loads alone take 1.05 ms a
-        #   pass, int4_pairs 2.05-2.12, int4_bf16x2 1.74-1.85 (benchmarks/decode/int4_packed.py).
+        #   pass, int4_pairs 2.05-2.12, int4_bf16x2 1.60 (benchmarks/decode/int4_packed.py).
         DEPTH: tl.constexpr = BLOCK_K // 8
         limit = tl.minimum(start + SPAN, K)
         acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
@@ -187,38 +187,60 @@ if triton is not None:
         x_row, words, word_ok, packed, scale, zero, DEPTH: tl.constexpr, BLOCK_N: tl.constexpr
     ):
         # One block's [words, columns] products for int4_row with bf16 inputs, two products
-        # per instruction: per word and pair j, lop3 makes the bf16 pair (128 + q_j,
+        # per instruction. Per word and pair j, lop3 makes the bf16 pair (128 + q_j,
         # 128 + q_j+4), one fma.bf16x2 takes 128 + the zero point off (exact: small integers)
-        # and one more multiplies by (x[8w + j], x[8w + j + 4]) and adds. The four products a
-        # half sums round in bf16 (2^-9 of their size, far under int4's own rounding of the
-        # weight); the block's sums widen to fp32 for the group scale and everything after.
-        # About 20 instructions a word against int4_pairs' 30.
+        # and one more multiplies by (x[8w + j], x[8w + j + 4]) and adds. The inputs load as
+        # four bf16 pairs a word, (x[8w], x[8w + 1]), ..., and prmt makes the (j, j + 4)
+        # pairs. The four products a half sums round in bf16 (2^-9 of their size, far under
+        # int4's own rounding of the weight); the block's sums widen to fp32 for the group
+        # scale and everything after. About 28 instructions a word against int4_pairs' 48.
+        pairs = x_row.to(tl.pointer_type(tl.int32)) + words * 4  # (x[8w + 2i], x[8w + 2i + 1])
+        p0 = tl.load(pairs, mask=word_ok, other=0)
+        p1 = tl.load(pairs + 1, mask=word_ok, other=0)
+        p2 = tl.load(pairs + 2, mask=word_ok, other=0)
+        p3 = tl.load(pairs + 3, mask=word_ok, other=0)
         minus = (-(zero + 128.0)).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
         minus = minus & 0xFFFF
         minus = tl.broadcast_to((minus | (minus << 16))[None, :], (DEPTH, BLOCK_N))
         acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.int32)  # the bf16 pair (+0, +0)
-        for j in tl.static_range(4):
-            xa = tl.load(x_row + words * 8 + j, mask=word_ok, other=0.0)
-            xb = tl.load(x_row + words * 8 + j + 4, mask=word_ok, other=0.0)
-            x_pair = (xa.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (
-                xb.to(tl.int16, bitcast=True).to(tl.int32) << 16
-            )
-            acc = tl.inline_asm_elementwise(
-                "{ .reg .b32 p, w, mask, magic, one;"
-                " mov.b32 mask, 0x000F000F; mov.b32 magic, 0x43004300;"
-                " mov.b32 one, 0x3F803F80;"
-                " lop3.b32 p, $1, mask, magic, 0xEA;"  # (a & mask) | magic
-                " fma.rn.bf16x2 w, p, one, $3;"  # q - zero
-                " fma.rn.bf16x2 $0, w, $2, $4; }",
-                "=r,r,r,r,r",
-                [packed >> (4 * j), tl.broadcast_to(x_pair[:, None], (DEPTH, BLOCK_N)), minus, acc],
-                dtype=tl.int32,
-                is_pure=True,
-                pack=1,
-            )
+        acc = bf16x2_step(packed, low_halves(p0, p2), minus, acc)
+        acc = bf16x2_step(packed >> 4, high_halves(p0, p2), minus, acc)
+        acc = bf16x2_step(packed >> 8, low_halves(p1, p3), minus, acc)
+        acc = bf16x2_step(packed >> 12, high_halves(p1, p3), minus, acc)
         low = (acc << 16).to(tl.float32, bitcast=True)
         high = (acc & -65536).to(tl.float32, bitcast=True)
         return (low + high) * scale[None, :]
+
+    @triton.jit
+    def bf16x2_step(shifted, x_pair, minus, acc):  # type: ignore[no-untyped-def]
+        # acc + (the pair in the low nibbles of each half of ``shifted``, less 128 + the zero
+        # point) * x_pair, in bf16 pairs.
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 p, w, mask, magic, one;"
+            " mov.b32 mask, 0x000F000F; mov.b32 magic, 0x43004300; mov.b32 one, 0x3F803F80;"
+            " lop3.b32 p, $1, mask, magic, 0xEA;"  # (a & mask) | magic: 128 + q, 128 + q'
+            " fma.rn.bf16x2 w, p, one, $3;"  # q - zero, q' - zero
+            " fma.rn.bf16x2 $0, w, $2, $4; }",
+            "=r,r,r,r,r",
+            [shifted, tl.broadcast_to(x_pair[:, None], acc.shape), minus, acc],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
+        )
+
+    @triton.jit
+    def low_halves(a, b):  # type: ignore[no-untyped-def]
+        # The low halves of a and b as one pair (prmt).
+        return tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
+        )
+
+    @triton.jit
+    def high_halves(a, b):  # type: ignore[no-untyped-def]
+        # The high halves of a and b as one pair (prmt).
+        return tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, $2, 0x7632;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
+        )
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int8_row(  # type: ignore[no-untyped-def]
