@@ -255,3 +255,33 @@ def test_int8_takes_its_split_from_the_row_class(monkeypatch: pytest.MonkeyPatch
         torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
     expected = [weight_only.splits_for(q, one_row), weight_only.splits_for(q, few_rows)]
     assert splits_seen == expected and expected[0] != expected[1], splits_seen
+
+
+def test_int4_s_one_row_takes_the_tiles_of_its_inputs_dtype(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bf16 inputs take int4's bf16-pair arithmetic on the one-row tiles, fp16 inputs the fp32
+    arithmetic on the tiles measured fastest for it: each one row is split by its own."""
+    monkeypatch.setattr(weight_only, "kernel_available", lambda x: True)
+    seen = []
+
+    def launch(x, weight, scale, kind, group, splits, config):  # type: ignore[no-untyped-def]
+        seen.append((x.dtype, splits, config))
+        return torch.stack([x.float() @ weight_only.dequantize(weight, scale).T / splits] * splits)
+
+    monkeypatch.setattr(weight_only, "launch", launch)
+    torch.manual_seed(0)
+    q, scale = weight_only.quantize_int4_groups(torch.randn(4096, 4096) * 0.02)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(1, 4096).to(dtype)
+        got = weight_only.linear(x, q, scale).float()
+        torch.testing.assert_close(
+            got, weight_only.reference(x.float(), q, scale), rtol=2e-2, atol=2e-2
+        )
+    bf16 = weight_only.ONE_ROW_CONFIGS[weight_only.INT4]
+    fp16 = weight_only.FP16_ONE_ROW_CONFIGS[weight_only.INT4]
+    expected = [
+        (torch.bfloat16, weight_only.splits_for(q, bf16), bf16),
+        (torch.float16, weight_only.splits_for(q, fp16), fp16),
+    ]
+    assert seen == expected and bf16 != fp16, seen
