@@ -53,8 +53,7 @@ FEW_ROWS = 16  # up to this many rows a product is a read of the weights
 
 class Config(NamedTuple):
     """The kernel's tiles (``block_m`` 0: the rows rounded up to a power of two, 16 to 128;
-    1: the one-row kernel), how many programs the input dimension is split to reach, and
-    (int4's one-row kernel) how many blocks each program loads ahead of its arithmetic."""
+    1: the one-row kernel), and how many programs the input dimension is split to reach."""
 
     block_m: int
     block_n: int
@@ -62,7 +61,6 @@ class Config(NamedTuple):
     warps: int
     stages: int
     programs: int
-    ahead: int = 1
 
 
 # Chosen on an H200 by benchmarks/decode/weight_only_gemm.py (a sweep over one pass of a
@@ -311,7 +309,6 @@ def launch(
     grid = (triton.cdiv(cols, config.block_n), splits, triton.cdiv(rows, config.block_m))
     one_row = config.block_m == 1
     kernel = _kernels()[1 if one_row else 0]
-    extra = {"AHEAD": config.ahead} if one_row else {}
     # The span is a runtime argument: one compiled kernel per tile config serves every
     # projection shape and split (as a constant it compiled one per shape, 4-5 a row class,
     # which put seconds on an int8 or int4 engine's start).
@@ -319,7 +316,6 @@ def launch(
         x, weight, scale, parts, rows, cols, inputs, x.stride(0),
         KIND=kind, GROUP=max(group, 1), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, SPAN=span, num_warps=config.warps, num_stages=config.stages,
-        **extra,
     )  # fmt: skip
     return parts
 

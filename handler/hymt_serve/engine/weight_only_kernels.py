@@ -116,7 +116,7 @@ if triton is not None:
     def one_row_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN, AHEAD: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN,
     ):  # fmt: skip
         # Products of single rows on CUDA cores. One program per (column tile, split, row).
         x_row = x_ptr + tl.program_id(2) * stride_xm
@@ -125,9 +125,8 @@ if triton is not None:
         start = tl.program_id(1) * SPAN
         if KIND == 2:
             sums = int4_row(
-                x_row, w_ptr, s_ptr, cols, col_ok, N, K, start, SPAN, GROUP, BLOCK_N, BLOCK_K,
-                AHEAD,
-            )  # fmt: skip
+                x_row, w_ptr, s_ptr, cols, col_ok, N, K, start, SPAN, GROUP, BLOCK_N, BLOCK_K
+            )
         else:
             sums = int8_row(x_row, w_ptr, cols, col_ok, K, start, SPAN, BLOCK_N, BLOCK_K)
         out = out_ptr + tl.program_id(1) * M * N + tl.program_id(2) * N + cols
@@ -136,7 +135,7 @@ if triton is not None:
     @triton.jit  # type: ignore[untyped-decorator]
     def int4_row(  # type: ignore[no-untyped-def]
         x_row, w_ptr, s_ptr, cols, col_ok, N, K, start, SPAN, GROUP: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
         # One row's int4 products over the inputs [start, start + SPAN): a [words, columns]
         # tile of fp32 partial sums, reduced over the words at the end.
@@ -144,46 +143,27 @@ if triton is not None:
         #   of two bf16 halves ORed with 0x4300 read as 128 + q, exactly. bf16 inputs multiply
         #   them as bf16 pairs (int4_bf16x2); fp16 inputs widen each half to fp32
         #   (int4_pairs).
-        # - The next block's words (AHEAD 1) or next two blocks' (2) load before this block's
-        #   arithmetic. Triton pipelines only loads that feed tl.dot: num_stages 1 to 4 gave
-        #   the same 2.34 ms per pass over a 7B's projections, one block ahead 2.11 (H200,
-        #   benchmarks/decode/int4_pairs.py).
+        # - The next block's words load before this block's arithmetic. Triton pipelines only
+        #   loads that feed tl.dot: num_stages 1 to 4 gave the same 2.34 ms per pass over a
+        #   7B's projections, this 2.11 (H200, benchmarks/decode/int4_pairs.py).
         # - The arithmetic, not the loads, bounds it: the same loads alone take 1.05 ms a
         #   pass, int4_pairs 2.05-2.12, int4_bf16x2 1.60 (benchmarks/decode/int4_packed.py).
         DEPTH: tl.constexpr = BLOCK_K // 8
         limit = tl.minimum(start + SPAN, K)
         acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
-        b0 = int4_block(w_ptr, s_ptr, start, limit, cols, col_ok, N, K, GROUP, DEPTH)
-        if AHEAD == 2:
-            b1 = int4_block(w_ptr, s_ptr, start + BLOCK_K, limit, cols, col_ok, N, K, GROUP, DEPTH)
-            for offset in range(0, SPAN, BLOCK_K):
-                b2 = int4_block(
-                    w_ptr, s_ptr, start + offset + 2 * BLOCK_K, limit, cols, col_ok, N, K,
-                    GROUP, DEPTH,
-                )  # fmt: skip
-                acc += int4_products(x_row, b0, DEPTH, BLOCK_N)
-                b0 = b1
-                b1 = b2
-        else:
-            for offset in range(0, SPAN, BLOCK_K):
-                b1 = int4_block(
-                    w_ptr, s_ptr, start + offset + BLOCK_K, limit, cols, col_ok, N, K, GROUP,
-                    DEPTH,
-                )  # fmt: skip
-                acc += int4_products(x_row, b0, DEPTH, BLOCK_N)
-                b0 = b1
+        words, word_ok, packed, scale, zero = int4_block(
+            w_ptr, s_ptr, start, limit, cols, col_ok, N, K, GROUP, DEPTH
+        )
+        for offset in range(0, SPAN, BLOCK_K):
+            ahead = int4_block(
+                w_ptr, s_ptr, start + offset + BLOCK_K, limit, cols, col_ok, N, K, GROUP, DEPTH
+            )
+            if x_row.dtype.element_ty == tl.bfloat16:
+                acc += int4_bf16x2(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
+            else:
+                acc += int4_pairs(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
+            words, word_ok, packed, scale, zero = ahead
         return tl.sum(acc, axis=0)
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def int4_products(  # type: ignore[no-untyped-def]
-        x_row, block, DEPTH: tl.constexpr, BLOCK_N: tl.constexpr
-    ):
-        # One block's [words, columns] products: bf16 pairs for bf16 inputs, else fp32.
-        words, word_ok, packed, scale, zero = block
-        if x_row.dtype.element_ty == tl.bfloat16:
-            return int4_bf16x2(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
-        else:
-            return int4_pairs(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int4_pairs(  # type: ignore[no-untyped-def]
