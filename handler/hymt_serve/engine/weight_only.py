@@ -16,7 +16,8 @@ on tensor cores with fp32 accumulation and writes fp32 partial sums ``[splits, r
 the caller sums the splits and applies int8's row scale, which inductor fuses into the next
 kernel. int4 words are not unpacked into a tile: nibble ``j`` of every word meets the inputs
 ``j, j + 8, j + 16, ...`` of the block in a product of its own, so no data moves between
-threads. One row runs on CUDA cores (``one_row_kernel``) where that is faster (int4).
+threads. One row runs on CUDA cores (``one_row_kernel``) where that is faster (int4; with bf16
+inputs two products per ``fma.bf16x2`` instruction).
 One row of a plain bf16/fp16 product runs in the tiled kernel too (:func:`plain_row`): it
 reads the weights faster than cuBLAS does at one row.
 The kernels' code is in :mod:`hymt_serve.engine.weight_only_kernels`.
@@ -302,13 +303,15 @@ def launch(
     if kind == INT4 and group % config.block_k:
         config = config._replace(block_k=group)
     if kind == INT4 and x.data_ptr() % 4:
-        x = x.clone()  # int4's one row loads its bf16 inputs in pairs, as int32
-    # (a row of an even input dimension starts 4-byte aligned: this is a view's odd offset)
+        # int4's one row loads bf16 inputs in pairs, as int32. A row of an even input
+        # dimension starts 4-byte aligned: only a view at an odd offset is copied.
+        x = x.clone()
     parts = x.new_empty(splits, rows, cols, dtype=torch.float32)
     span = triton.cdiv(inputs, splits * config.block_k) * config.block_k
     grid = (triton.cdiv(cols, config.block_n), splits, triton.cdiv(rows, config.block_m))
     one_row = config.block_m == 1
     kernel = _kernels()[1 if one_row else 0]
+    extra = {"BF16_PAIRS": bf16_pairs(x)} if one_row else {}
     # The span is a runtime argument: one compiled kernel per tile config serves every
     # projection shape and split (as a constant it compiled one per shape, 4-5 a row class,
     # which put seconds on an int8 or int4 engine's start).
@@ -316,8 +319,15 @@ def launch(
         x, weight, scale, parts, rows, cols, inputs, x.stride(0),
         KIND=kind, GROUP=max(group, 1), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, SPAN=span, num_warps=config.warps, num_stages=config.stages,
+        **extra,
     )  # fmt: skip
     return parts
+
+
+def bf16_pairs(x: Tensor) -> bool:
+    """Whether int4's one row multiplies ``x`` as bf16 pairs (``fma.bf16x2``: compute
+    capability 8.0 and later)."""
+    return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
 
 
 @torch.library.custom_op("hymt::int4_rows", mutates_args=())

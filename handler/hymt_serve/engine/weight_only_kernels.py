@@ -116,17 +116,19 @@ if triton is not None:
     def one_row_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN, BF16_PAIRS: tl.constexpr,
     ):  # fmt: skip
         # Products of single rows on CUDA cores. One program per (column tile, split, row).
+        # BF16_PAIRS: bf16 inputs on a GPU with bf16 pair arithmetic (compute capability 8.0+).
         x_row = x_ptr + tl.program_id(2) * stride_xm
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < N
         start = tl.program_id(1) * SPAN
         if KIND == 2:
             sums = int4_row(
-                x_row, w_ptr, s_ptr, cols, col_ok, N, K, start, SPAN, GROUP, BLOCK_N, BLOCK_K
-            )
+                x_row, w_ptr, s_ptr, cols, col_ok, N, K, start, SPAN, GROUP, BLOCK_N, BLOCK_K,
+                BF16_PAIRS,
+            )  # fmt: skip
         else:
             sums = int8_row(x_row, w_ptr, cols, col_ok, K, start, SPAN, BLOCK_N, BLOCK_K)
         out = out_ptr + tl.program_id(1) * M * N + tl.program_id(2) * N + cols
@@ -135,14 +137,14 @@ if triton is not None:
     @triton.jit  # type: ignore[untyped-decorator]
     def int4_row(  # type: ignore[no-untyped-def]
         x_row, w_ptr, s_ptr, cols, col_ok, N, K, start, SPAN, GROUP: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BF16_PAIRS: tl.constexpr,
     ):  # fmt: skip
         # One row's int4 products over the inputs [start, start + SPAN): a [words, columns]
         # tile of fp32 partial sums, reduced over the words at the end.
         # - Two nibbles per operation: nibbles j and j + 4 of a word masked into the low bits
         #   of two bf16 halves ORed with 0x4300 read as 128 + q, exactly. bf16 inputs multiply
-        #   them as bf16 pairs (int4_bf16x2); fp16 inputs widen each half to fp32
-        #   (int4_pairs).
+        #   them as bf16 pairs (int4_bf16x2, BF16_PAIRS); fp16 inputs (and GPUs before
+        #   compute capability 8.0) widen each half to fp32 (int4_pairs).
         # - The next block's words load before this block's arithmetic. Triton pipelines only
         #   loads that feed tl.dot: num_stages 1 to 4 gave the same 2.34 ms per pass over a
         #   7B's projections, this 2.11 (H200, benchmarks/decode/int4_pairs.py).
@@ -158,7 +160,7 @@ if triton is not None:
             ahead = int4_block(
                 w_ptr, s_ptr, start + offset + BLOCK_K, limit, cols, col_ok, N, K, GROUP, DEPTH
             )
-            if x_row.dtype.element_ty == tl.bfloat16:
+            if BF16_PAIRS:
                 acc += int4_bf16x2(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
             else:
                 acc += int4_pairs(x_row, words, word_ok, packed, scale, zero, DEPTH, BLOCK_N)
