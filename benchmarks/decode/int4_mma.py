@@ -389,6 +389,7 @@ def main() -> None:
         check()
         return
     from fp8_gemm import LAYERS, SHAPES, timed_graph
+    from int4_packed import engine_kernel
     from int4_pairs import one_pass, pass_inputs
 
     forms, xs = pass_inputs("cuda", 1)
@@ -405,14 +406,10 @@ def main() -> None:
         rows.append({"shape": [cols, inputs], "tiles": tiles, "error": error})
         print(rows[-1], flush=True)
 
-    def engine(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, _: object) -> torch.Tensor:
-        config = wo.ONE_ROW_CONFIGS[wo.INT4]
-        return wo.launch(x, q, s, wo.INT4, GROUP, wo.splits_for(q, config), config)
-
     def timed(run: object) -> float:
         return round(timed_graph(lambda: one_pass(run, xs, forms, None)), 4)
 
-    result = {"engine_ms": timed(engine), "layers": LAYERS, "shapes": SHAPES}
+    result = {"engine_ms": timed(engine_kernel), "layers": LAYERS, "shapes": SHAPES}
     for tiles in (4, 8):
         for programs in (528, 1056, 2112, 4224):
             run = lambda x, q, s, _, t=tiles, p=programs: launch(x, q, s, t, p)  # noqa: E731

@@ -302,16 +302,17 @@ def launch(
     cols = out_features(weight)
     if kind == INT4 and group % config.block_k:
         config = config._replace(block_k=group)
-    if kind == INT4 and x.data_ptr() % 4:
-        # int4's one row loads bf16 inputs in pairs, as int32. A row of an even input
-        # dimension starts 4-byte aligned: only a view at an odd offset is copied.
+    one_row = config.block_m == 1
+    pairs = one_row and kind == INT4 and bf16_pairs(x)
+    if pairs and x.data_ptr() % 4:
+        # The bf16 inputs load in pairs, as int32. A row of an even input dimension starts
+        # 4-byte aligned: only a view at an odd offset is copied.
         x = x.clone()
     parts = x.new_empty(splits, rows, cols, dtype=torch.float32)
     span = triton.cdiv(inputs, splits * config.block_k) * config.block_k
     grid = (triton.cdiv(cols, config.block_n), splits, triton.cdiv(rows, config.block_m))
-    one_row = config.block_m == 1
     kernel = _kernels()[1 if one_row else 0]
-    extra = {"BF16_PAIRS": bf16_pairs(x)} if one_row else {}
+    extra = {"BF16_PAIRS": pairs} if one_row else {}
     # The span is a runtime argument: one compiled kernel per tile config serves every
     # projection shape and split (as a constant it compiled one per shape, 4-5 a row class,
     # which put seconds on an int8 or int4 engine's start).
