@@ -84,13 +84,13 @@ def main() -> None:
             )
     engine_args = {**ARGS, "KIND": "constexpr", "GROUP": "constexpr", "BLOCK_M": "constexpr"}
     engine_args |= {"BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "SPAN": "i32"}
-    engine_args |= {"BF16_PAIRS": "constexpr", "PDL": "constexpr"}
+    engine_args |= {"BF16_PAIRS": "constexpr"}
     for dtype, config in (
         ("bf16", wo.config_for(wo.INT4, 1)),
         ("fp16", wo.FP16_ONE_ROW_CONFIGS[wo.INT4]),
     ):
         constants = {"KIND": wo.INT4, "GROUP": 128, "BLOCK_M": 1, "BLOCK_N": config.block_n}
-        constants |= {"BLOCK_K": config.block_k, "BF16_PAIRS": dtype == "bf16", "PDL": False}
+        constants |= {"BLOCK_K": config.block_k, "BF16_PAIRS": dtype == "bf16"}
         kernel = compiled(
             kernels.one_row_kernel, engine_args | {"x_ptr": f"*{dtype}"}, constants, config.warps
         )

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from hymt_serve.engine import pdl
 from hymt_serve.engine.inputs import PROMPT_BLOCK
 
 try:
@@ -133,18 +132,15 @@ def _triton_decode_attention(
     acc = torch.empty(batch, heads, parts, dim, device=q.device, dtype=torch.float32)
     stats = torch.empty(batch, heads, parts, 2, device=q.device, dtype=torch.float32)
     grid = (batch, kv_heads, splits)
-    with_pdl = pdl.enabled(q.device)
     _decode_kernel[grid](
         q, k_new, v_new, k_cache, v_cache, slots, positions, out, acc, stats,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0),
         v_new.stride(1), *k_cache.stride()[:3], scale,
         HEADS=heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        DIM=dim, SPLITS=splits, PDL=with_pdl, launch_pdl=with_pdl, **_DECODE_TILES,
+        DIM=dim, SPLITS=splits, **_DECODE_TILES,
     )  # fmt: skip
     if splits > 1:
-        _combine_kernel[(batch, heads)](
-            acc, stats, out, SPLITS=splits, DIM=dim, PDL=with_pdl, launch_pdl=with_pdl
-        )
+        _combine_kernel[(batch, heads)](acc, stats, out, SPLITS=splits, DIM=dim)
     return out
 
 
@@ -187,11 +183,8 @@ def _define_kernels() -> tuple[Any, Any, Any]:
         stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
         stride_slot, stride_head, stride_pos, scale,
         HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-        DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
+        DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     ):  # fmt: skip
-        if PDL:  # hymt_serve.engine.pdl: q and the new K/V come from the kernel before
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
         row = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -246,12 +239,7 @@ def _define_kernels() -> tuple[Any, Any, Any]:
             tl.store(stats_ptr + part * 2 + 1, l_i, mask=g_mask)
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def combine_kernel(  # type: ignore[no-untyped-def]
-        acc_ptr, stats_ptr, out_ptr, SPLITS: tl.constexpr, DIM: tl.constexpr, PDL: tl.constexpr
-    ):
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+    def combine_kernel(acc_ptr, stats_ptr, out_ptr, SPLITS: tl.constexpr, DIM: tl.constexpr):  # type: ignore[no-untyped-def]
         row_head = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         offs_s = tl.arange(0, SPLITS)
         offs_d = tl.arange(0, DIM)

@@ -25,7 +25,6 @@ import torch
 from torch import Tensor
 from torch.cuda import CUDAGraph
 
-from hymt_serve.engine import pdl
 from hymt_serve.engine.attention import kernel_name, num_splits, prompt_kernel_name
 from hymt_serve.engine.model import forward_pass, make_step_functions, rope_tables
 from hymt_serve.engine.prefill import (
@@ -252,12 +251,7 @@ class FastRunner(PackedPrefill):
         return forward_pass(self.weights, self.shape, self.fns, self.rope, self.caches, batch)
 
     def capture(self, compile_: bool) -> None:
-        """Compile (optionally) and capture one CUDA graph per bucket, largest first; inductor's
-        kernels launch with PDL where the engine's own do (:mod:`hymt_serve.engine.pdl`)."""
-        with pdl.compiling(self.device):
-            self._capture(compile_)
-
-    def _capture(self, compile_: bool) -> None:
+        """Compile (optionally) and capture one CUDA graph per bucket, largest first."""
         start = time.perf_counter()
         if compile_:
             self.fns = make_step_functions(self.shape, compile_=True)

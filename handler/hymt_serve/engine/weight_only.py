@@ -41,7 +41,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hymt_serve.engine import pdl
 from hymt_serve.engine import weight_only_kernels as kernels
 
 try:
@@ -314,15 +313,14 @@ def launch(
     grid = (triton.cdiv(cols, config.block_n), splits, triton.cdiv(rows, config.block_m))
     kernel = _kernels()[1 if one_row else 0]
     extra = {"BF16_PAIRS": pairs} if one_row else {}
-    with_pdl = pdl.enabled(x.device)
     # The span is a runtime argument: one compiled kernel per tile config serves every
     # projection shape and split (as a constant it compiled one per shape, 4-5 a row class,
     # which put seconds on an int8 or int4 engine's start).
     kernel[grid](
         x, weight, scale, parts, rows, cols, inputs, x.stride(0),
         KIND=kind, GROUP=max(group, 1), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, SPAN=span, PDL=with_pdl, num_warps=config.warps,
-        num_stages=config.stages, launch_pdl=with_pdl, **extra,
+        BLOCK_K=config.block_k, SPAN=span, num_warps=config.warps, num_stages=config.stages,
+        **extra,
     )  # fmt: skip
     return parts
 

@@ -51,14 +51,9 @@ if triton is not None:
     def weight_only_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN, PDL: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN,
     ):  # fmt: skip
         # Tiles of rows on tensor cores. One program per (column tile, split, row tile).
-        # PDL (hymt_serve.engine.pdl): the next kernel may launch at once; this one waits for
-        # the one before it ahead of its first read of the inputs (int4: after its first
-        # block of weights).
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < M
@@ -68,11 +63,9 @@ if triton is not None:
         if KIND == 2:
             acc = int4_tile(
                 x_rows, w_ptr, s_ptr, row_ok, cols, col_ok, N, K, start, SPAN, GROUP,
-                BLOCK_M, BLOCK_N, BLOCK_K, PDL,
+                BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
         else:
-            if PDL:
-                tl.extra.cuda.gdc_wait()
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for offset in range(0, SPAN, BLOCK_K):
                 ks = start + offset + tl.arange(0, BLOCK_K)
@@ -90,7 +83,7 @@ if triton is not None:
     @triton.jit  # type: ignore[untyped-decorator]
     def int4_tile(  # type: ignore[no-untyped-def]
         x_rows, w_ptr, s_ptr, row_ok, cols, col_ok, N, K, start, SPAN, GROUP: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
         # A tile of rows' int4 products over [start, start + SPAN). Nibble j of every word
         # meets the inputs j, j + 8, j + 16, ... of the block in a product of its own, so no
@@ -101,8 +94,6 @@ if triton is not None:
         words, word_ok, packed, scale, zero = int4_block(
             w_ptr, s_ptr, start, limit, cols, col_ok, N, K, GROUP, BLOCK_K // 8
         )
-        if PDL:
-            tl.extra.cuda.gdc_wait()
         for offset in range(0, SPAN, BLOCK_K):
             ahead = int4_block(
                 w_ptr, s_ptr, start + offset + BLOCK_K, limit, cols, col_ok, N, K, GROUP,
@@ -126,13 +117,9 @@ if triton is not None:
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN, BF16_PAIRS: tl.constexpr,
-        PDL: tl.constexpr,
     ):  # fmt: skip
         # Products of single rows on CUDA cores. One program per (column tile, split, row).
         # BF16_PAIRS: bf16 inputs on a GPU with bf16 pair arithmetic (compute capability 8.0+).
-        # PDL: as in weight_only_kernel.
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
         x_row = x_ptr + tl.program_id(2) * stride_xm
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < N
@@ -140,11 +127,9 @@ if triton is not None:
         if KIND == 2:
             sums = int4_row(
                 x_row, w_ptr, s_ptr, cols, col_ok, N, K, start, SPAN, GROUP, BLOCK_N, BLOCK_K,
-                BF16_PAIRS, PDL,
+                BF16_PAIRS,
             )  # fmt: skip
         else:
-            if PDL:
-                tl.extra.cuda.gdc_wait()
             sums = int8_row(x_row, w_ptr, cols, col_ok, K, start, SPAN, BLOCK_N, BLOCK_K)
         out = out_ptr + tl.program_id(1) * M * N + tl.program_id(2) * N + cols
         tl.store(out, sums, mask=col_ok)
@@ -153,7 +138,6 @@ if triton is not None:
     def int4_row(  # type: ignore[no-untyped-def]
         x_row, w_ptr, s_ptr, cols, col_ok, N, K, start, SPAN, GROUP: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BF16_PAIRS: tl.constexpr,
-        PDL: tl.constexpr,
     ):  # fmt: skip
         # One row's int4 products over the inputs [start, start + SPAN): a [words, columns]
         # tile of fp32 partial sums, reduced over the words at the end.
@@ -172,8 +156,6 @@ if triton is not None:
         words, word_ok, packed, scale, zero = int4_block(
             w_ptr, s_ptr, start, limit, cols, col_ok, N, K, GROUP, DEPTH
         )
-        if PDL:
-            tl.extra.cuda.gdc_wait()
         for offset in range(0, SPAN, BLOCK_K):
             ahead = int4_block(
                 w_ptr, s_ptr, start + offset + BLOCK_K, limit, cols, col_ok, N, K, GROUP, DEPTH
