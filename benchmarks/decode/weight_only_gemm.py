@@ -43,7 +43,8 @@ def kernel_pass(xs: list[torch.Tensor], forms: list[Forms], kind: int, config: w
     for layer in range(LAYERS):
         for x, (q, s) in zip(xs, forms[layer % COPIES], strict=True):
             group = wo.in_features(q) // s.shape[1] if kind == wo.INT4 else 0
-            wo.launch(x, q, s, kind, group, wo.splits_for(q, config), config)
+            deep = kind == wo.INT4 and x.shape[0] > wo.FEW_ROWS
+            wo.launch(x, q, s, kind, group, wo.splits_for(q, config), config, deep)
 
 
 def eager_pass(xs: list[torch.Tensor], forms: list[Forms]) -> None:

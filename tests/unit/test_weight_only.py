@@ -101,6 +101,15 @@ KERNEL_CHECK = textwrap.dedent(
                     out = parts.sum(0) * (scale if form == "int8" else 1)
                     error = ((out - expected).abs().max() / expected.abs().max()).item()
                     errors.append([form, rows, cols, inputs, config.block_m, splits, error])
+    for rows, cols, inputs in ((17, 96, 256), (70, 130, 512)):  # int4 tiles, deep products
+        q, scale = wo.quantize_int4_groups(torch.randn(cols, inputs))
+        x = torch.randn(rows, inputs).half()
+        expected = torch.nn.functional.linear(x.float(), wo.dequantize(q, scale))
+        for block_k, splits in ((64, 1), (128, 3)):
+            config = wo.Config(32, 32, block_k, 4, 1, 8)
+            parts = wo.launch(x, q, scale, wo.INT4, 128, splits, config, deep=True)
+            error = ((parts.sum(0) - expected).abs().max() / expected.abs().max()).item()
+            errors.append(["int4-deep", rows, cols, inputs, block_k, splits, error])
     print(json.dumps(errors))
     """
 )
@@ -111,7 +120,8 @@ def test_the_kernels_compute_the_reference_product_in_triton_s_interpreter() -> 
     """Both kernels (tiled and one-row), both forms, split inputs, edges that are not whole
     tiles (200 columns, 17 rows, an input split into 3 uneven parts)."""
     results = run_interpreted(KERNEL_CHECK, timeout=600)
-    assert len(results) == 2 * (2 * 3 * 2 + 2 * 3)  # forms x (small cases x configs x splits...)
+    # forms x (small cases x configs x splits + larger cases x splits), then int4 deep: 4
+    assert len(results) == 2 * (2 * 3 * 2 + 2 * 3) + 4
     worst = max(results, key=lambda r: r[-1])
     assert worst[-1] < 1e-5, worst  # fp32 accumulation of fp16 inputs
 

@@ -25,12 +25,12 @@ The kernels' code is in :mod:`hymt_serve.engine.weight_only_kernels`.
 They run as custom ops, so that compiled step functions carry them: ``hymt::weight_only``
 for int8 and for int4's one row (partial sums out, summed and scaled inside the next kernel
 by inductor); ``hymt::int4_rows`` for int4's larger batches, which picks its path inside: up
-to 16 rows the tiled kernel and a sum over its splits, more rows the weight widened for
-cuBLAS. Dynamo then sees no branch on the row count above one, so an int4 step function
-compiles the two graphs bf16's does (batch 1, every other), not three: the third put seconds
-of compiling on an int4 engine's start (benchmarks/decode/quantized/ready-compiles/). Off
-CUDA (or without Triton) :func:`reference` computes the same numbers from the dequantized
-weight.
+to 256 rows the tiled kernel (above 16 rows with products 64-128 inputs deep) and a sum over
+its splits, more rows the weight widened for cuBLAS. Dynamo then sees no branch on the row
+count above one, so an int4 step function compiles the two graphs bf16's does (batch 1,
+every other), not three: the third put seconds of compiling on an int4 engine's start
+(benchmarks/decode/quantized/ready-compiles/). Off CUDA (or without Triton) :func:`reference`
+computes the same numbers from the dequantized weight.
 """
 
 from __future__ import annotations
@@ -82,8 +82,14 @@ FEW_ROWS_CONFIGS = {
 }
 MANY_ROWS_CONFIGS = {
     INT8: Config(0, 128, 128, 4, 3, 132),
-    INT4: Config(0, 128, 128, 4, 3, 264),  # the benchmark's only: the engine widens instead
+    INT4: Config(0, 64, 128, 4, 3, 264),  # up to 64 rows; more: INT4_TALL_CONFIG
 }
+# int4 above FEW_ROWS rows: the tiled kernel's products BLOCK_K inputs deep (int4_deep), up to
+# DEEP_ROWS rows; more rows widen the weight for cuBLAS. One pass over a 7B's projections on an
+# H200 took 0.90, 0.81, 0.63 and 0.59 x the time of widening at 32, 64, 128 and 256 rows on
+# these tiles (benchmarks/decode/quantized/int4-many/, which swept them).
+INT4_TALL_CONFIG = Config(128, 64, 64, 8, 3, 264)  # 65 rows and more
+DEEP_ROWS = 256
 
 
 # One row of a plain (bf16/fp16) product: the tiled kernel with one live row of its 16 took
@@ -147,13 +153,16 @@ def plain_row_config(weight: Tensor) -> Config:
 def config_for(kind: int, rows: int, dtype: torch.dtype = torch.bfloat16) -> Config:
     """The tiles for ``rows`` rows of input in ``dtype``. The split of the input dimension
     depends on the class (one, few or many rows) and the dtype only, so a compiled step traced
-    with a symbolic batch (always more than one row) knows it."""
+    with a symbolic batch (always more than one row) knows it. (int4's many rows take taller
+    tiles above 64 rows: their op picks them with the rows known.)"""
     if rows == 1:
         if dtype == torch.float16 and kind in FP16_ONE_ROW_CONFIGS:
             return FP16_ONE_ROW_CONFIGS[kind]
         return ONE_ROW_CONFIGS[kind]
     if rows <= FEW_ROWS:
         return FEW_ROWS_CONFIGS[kind]
+    if kind == INT4 and isinstance(rows, int) and rows > 64:
+        return INT4_TALL_CONFIG
     config = MANY_ROWS_CONFIGS[kind]
     if config.block_m == 0 and isinstance(rows, int):
         return config._replace(block_m=min(128, triton.next_power_of_2(rows)))
@@ -294,10 +303,18 @@ def _(x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: i
 
 
 def launch(
-    x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int, config: Config
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    kind: int,
+    group: int,
+    splits: int,
+    config: Config,
+    deep: bool = False,
 ) -> Tensor:
     """Run the kernel: fp32 partial products ``[splits, rows, out]`` (the int4 group scales
-    applied, the int8 row scales not)."""
+    applied, the int8 row scales not). ``deep``: int4 tiles multiplied ``block_k`` inputs
+    deep (a divisor of the group), for more than a few rows."""
     rows, inputs = x.shape
     cols = out_features(weight)
     if kind == INT4 and group % config.block_k:
@@ -312,7 +329,7 @@ def launch(
     span = triton.cdiv(inputs, splits * config.block_k) * config.block_k
     grid = (triton.cdiv(cols, config.block_n), splits, triton.cdiv(rows, config.block_m))
     kernel = _kernels()[1 if one_row else 0]
-    extra = {"BF16_PAIRS": pairs} if one_row else {}
+    extra = {"BF16_PAIRS": pairs} if one_row else {"DEEP": deep}
     # The span is a runtime argument: one compiled kernel per tile config serves every
     # projection shape and split (as a constant it compiled one per shape, 4-5 a row class,
     # which put seconds on an int8 or int4 engine's start).
@@ -334,10 +351,12 @@ def bf16_pairs(x: Tensor) -> bool:
 @torch.library.custom_op("hymt::int4_rows", mutates_args=())
 def _int4_rows(x: Tensor, weight: Tensor, scale: Tensor, group: int) -> Tensor:
     """int4 products of more than one row, in ``x``'s dtype."""
-    if x.shape[0] > FEW_ROWS:
+    rows = x.shape[0]
+    if rows > DEEP_ROWS:
         return x @ widen_int4(weight, scale, group, x.dtype)
-    config = FEW_ROWS_CONFIGS[INT4]
-    parts = launch(x, weight, scale, INT4, group, splits_for(weight, config), config)
+    config = config_for(INT4, rows)
+    deep = rows > FEW_ROWS
+    parts = launch(x, weight, scale, INT4, group, splits_for(weight, config), config, deep)
     return sum_splits(parts, x.dtype)
 
 

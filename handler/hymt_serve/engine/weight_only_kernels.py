@@ -2,7 +2,8 @@
 weight form is and when each kernel runs):
 
 - ``weight_only_kernel``: tiles of rows on tensor cores, fp32 partial products per split (a
-  plain bf16/fp16 weight goes through its int8 branch, where the widening does nothing);
+  plain bf16/fp16 weight goes through its int8 branch, where the widening does nothing; int4
+  above 16 rows through ``int4_deep``);
 - ``one_row_kernel``: one row on CUDA cores, the same partial products;
 - ``widen_int4_kernel``: an int4 weight written out in the activations' dtype, for cuBLAS;
 - ``sum_splits_kernel``: partial products summed over their splits, in the output's dtype.
@@ -51,16 +52,22 @@ if triton is not None:
     def weight_only_kernel(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN, DEEP: tl.constexpr,
     ):  # fmt: skip
         # Tiles of rows on tensor cores. One program per (column tile, split, row tile).
+        # DEEP: int4 products BLOCK_K inputs deep (int4_deep), for more than a few rows.
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < M
         col_ok = cols < N
         start = tl.program_id(1) * SPAN
         x_rows = x_ptr + rows[:, None] * stride_xm
-        if KIND == 2:
+        if KIND == 2 and DEEP:
+            acc = int4_deep(
+                x_rows, w_ptr, s_ptr, row_ok, cols, col_ok, N, K, start, SPAN, GROUP,
+                BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+        elif KIND == 2:
             acc = int4_tile(
                 x_rows, w_ptr, s_ptr, row_ok, cols, col_ok, N, K, start, SPAN, GROUP,
                 BLOCK_M, BLOCK_N, BLOCK_K,
@@ -79,6 +86,42 @@ if triton is not None:
                 acc += tl.dot(x, w.to(x.dtype))
         out = out_ptr + tl.program_id(1) * M * N + rows[:, None] * N + cols[None, :]
         tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def int4_deep(  # type: ignore[no-untyped-def]
+        x_rows, w_ptr, s_ptr, row_ok, cols, col_ok, N, K, start, SPAN, GROUP: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        # A tile of rows' int4 products over [start, start + SPAN), one product BLOCK_K
+        # inputs deep per block (BLOCK_K divides GROUP: one group a block), where int4_tile
+        # makes eight products BLOCK_K / 8 deep. Row k of the block's weight tile is nibble
+        # k % 8 of word k // 8: each word loads once and is repeated for its 8 rows in
+        # registers (loading it once for each row, the repeats served by L1, took 1.1-1.3 x
+        # the time: benchmarks/decode/quantized/int4-many/). q - zero is a small integer,
+        # exact in the inputs' dtype; the group's scale multiplies the block's product.
+        ks = tl.arange(0, BLOCK_K)
+        shifts = (ks % 8) * 4
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for offset in range(0, SPAN, BLOCK_K):
+            k = start + offset + ks
+            k_ok = k < K
+            x = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            words = (start + offset) // 8 + tl.arange(0, BLOCK_K // 8)
+            once = tl.load(
+                w_ptr + words[:, None] * N + cols[None, :],
+                mask=(words < K // 8)[:, None] & col_ok[None, :],
+                other=0,
+            )
+            packed = tl.reshape(
+                tl.broadcast_to(once[:, None, :], (BLOCK_K // 8, 8, BLOCK_N)), (BLOCK_K, BLOCK_N)
+            )
+            g = (start + offset) // GROUP
+            live = col_ok & (start + offset < K)
+            scale = tl.load(s_ptr + g * N + cols, mask=live, other=0.0).to(tl.float32)
+            zero = tl.load(s_ptr + (K // GROUP + g) * N + cols, mask=live, other=0.0)
+            q = ((packed >> shifts[:, None]) & 0xF).to(tl.float32) - zero.to(tl.float32)[None, :]
+            acc += tl.dot(x, q.to(x.dtype)) * scale[None, :]
+        return acc
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int4_tile(  # type: ignore[no-untyped-def]
