@@ -47,7 +47,7 @@ def engine_tiles(rows: int) -> wo.Config:
 
 
 def deep(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, config: wo.Config) -> torch.Tensor:
-    parts = wo.launch(x, q, s, wo.INT4, 128, wo.splits_for(q, config), config, deep=True)
+    parts = wo.launch(x, q, s, wo.INT4, 128, wo.splits_for(q, config), config)  # rows > 16
     return wo.sum_splits(parts, x.dtype)
 
 

@@ -43,8 +43,7 @@ def kernel_pass(xs: list[torch.Tensor], forms: list[Forms], kind: int, config: w
     for layer in range(LAYERS):
         for x, (q, s) in zip(xs, forms[layer % COPIES], strict=True):
             group = wo.in_features(q) // s.shape[1] if kind == wo.INT4 else 0
-            deep = kind == wo.INT4 and x.shape[0] > wo.FEW_ROWS
-            wo.launch(x, q, s, kind, group, wo.splits_for(q, config), config, deep)
+            wo.launch(x, q, s, kind, group, wo.splits_for(q, config), config)
 
 
 def eager_pass(xs: list[torch.Tensor], forms: list[Forms]) -> None:

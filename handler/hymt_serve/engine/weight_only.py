@@ -82,13 +82,14 @@ FEW_ROWS_CONFIGS = {
 }
 MANY_ROWS_CONFIGS = {
     INT8: Config(0, 128, 128, 4, 3, 132),
-    INT4: Config(0, 64, 128, 4, 3, 264),  # up to 64 rows; more: INT4_TALL_CONFIG
+    INT4: Config(0, 64, 128, 4, 3, 264),  # up to INT4_TALL_ROWS rows
 }
 # int4 above FEW_ROWS rows: the tiled kernel's products BLOCK_K inputs deep (int4_deep), up to
 # DEEP_ROWS rows; more rows widen the weight for cuBLAS. One pass over a 7B's projections on an
 # H200 took 0.90, 0.81, 0.63 and 0.59 x the time of widening at 32, 64, 128 and 256 rows on
 # these tiles (benchmarks/decode/quantized/int4-many/, which swept them).
-INT4_TALL_CONFIG = Config(128, 64, 64, 8, 3, 264)  # 65 rows and more
+INT4_TALL_ROWS = 64
+INT4_TALL_CONFIG = Config(128, 64, 64, 8, 3, 264)  # more than INT4_TALL_ROWS rows
 DEEP_ROWS = 256
 
 
@@ -161,7 +162,7 @@ def config_for(kind: int, rows: int, dtype: torch.dtype = torch.bfloat16) -> Con
         return ONE_ROW_CONFIGS[kind]
     if rows <= FEW_ROWS:
         return FEW_ROWS_CONFIGS[kind]
-    if kind == INT4 and isinstance(rows, int) and rows > 64:
+    if kind == INT4 and isinstance(rows, int) and rows > INT4_TALL_ROWS:
         return INT4_TALL_CONFIG
     config = MANY_ROWS_CONFIGS[kind]
     if config.block_m == 0 and isinstance(rows, int):
@@ -310,11 +311,10 @@ def launch(
     group: int,
     splits: int,
     config: Config,
-    deep: bool = False,
 ) -> Tensor:
     """Run the kernel: fp32 partial products ``[splits, rows, out]`` (the int4 group scales
-    applied, the int8 row scales not). ``deep``: int4 tiles multiplied ``block_k`` inputs
-    deep (a divisor of the group), for more than a few rows."""
+    applied, the int8 row scales not). int4 above ``FEW_ROWS`` rows multiplies ``block_k``
+    inputs deep (a divisor of the group)."""
     rows, inputs = x.shape
     cols = out_features(weight)
     if kind == INT4 and group % config.block_k:
@@ -329,7 +329,7 @@ def launch(
     span = triton.cdiv(inputs, splits * config.block_k) * config.block_k
     grid = (triton.cdiv(cols, config.block_n), splits, triton.cdiv(rows, config.block_m))
     kernel = _kernels()[1 if one_row else 0]
-    extra = {"BF16_PAIRS": pairs} if one_row else {"DEEP": deep}
+    extra = {"BF16_PAIRS": pairs} if one_row else {"DEEP": kind == INT4 and rows > FEW_ROWS}
     # The span is a runtime argument: one compiled kernel per tile config serves every
     # projection shape and split (as a constant it compiled one per shape, 4-5 a row class,
     # which put seconds on an int8 or int4 engine's start).
@@ -355,8 +355,7 @@ def _int4_rows(x: Tensor, weight: Tensor, scale: Tensor, group: int) -> Tensor:
     if rows > DEEP_ROWS:
         return x @ widen_int4(weight, scale, group, x.dtype)
     config = config_for(INT4, rows)
-    deep = rows > FEW_ROWS
-    parts = launch(x, weight, scale, INT4, group, splits_for(weight, config), config, deep)
+    parts = launch(x, weight, scale, INT4, group, splits_for(weight, config), config)
     return sum_splits(parts, x.dtype)
 
 
@@ -370,9 +369,8 @@ WIDEN_WORDS, WIDEN_COLUMNS = 16, 128  # the widening kernel's tile: 128 inputs b
 
 def widen_int4(weight: Tensor, scale: Tensor, group: int, dtype: torch.dtype) -> Tensor:
     """An int4 weight as ``[in, out]`` in ``dtype``, in one kernel, for cuBLAS (``group``: a
-    multiple of 128, as :func:`linear` checks). Above 16 rows the tiled kernel's eight
-    16-deep products per block starve the tensor cores: 22.7 ms per pass over a 7B's
-    projections at 64 rows, against bf16's 4.1 (weight_only_gemm.py)."""
+    multiple of 128, as :func:`linear` checks). Used above ``DEEP_ROWS`` rows: the tiled
+    kernel's deep products (``int4_deep``) beat it up to there and were not measured beyond."""
     inputs, cols = in_features(weight), out_features(weight)
     out = torch.empty(inputs, cols, dtype=dtype, device=weight.device)
     grid = (triton.cdiv(inputs // 8, WIDEN_WORDS), triton.cdiv(cols, WIDEN_COLUMNS))
