@@ -87,37 +87,3 @@ def test_a_7b_model_in_weight_only_form_stays_close_to_bf16(form: str, bound: fl
     assert info["weight_bytes"] < (8.5e9 if form == "int8" else 5e9)  # bf16: 15.0 GB
     print(f"{form} vs bf16 logits cosine", cosine.tolist())
     assert cosine.mean() >= bound and cosine.min() >= bound - 0.05
-
-
-@pytest.mark.parametrize(("form", "rows"), [("int8", 1), ("int8", 7), ("int4", 1), ("int4", 7),
-                                            ("int4", 64), ("bf16", 1)])  # fmt: skip
-def test_the_l2_prefetch_changes_no_result(form: str, rows: int) -> None:
-    """The kernels ask the next weight into L2 without touching a value: the products are
-    equal bit for bit with the prefetch off, at a size inside the next weight and past its
-    end, and the next weight is unchanged."""
-    torch.manual_seed(rows)
-    weight = torch.randn(6144, 4096, device="cuda") * 0.02
-    following = torch.randn(4096, 14336, device="cuda", dtype=torch.bfloat16)
-    kept = following.clone()
-    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
-    if form == "bf16":
-        plain = weight.to(torch.bfloat16)
-        assert weight_only.plain_row_applies(x, plain)
-
-        def product() -> torch.Tensor:
-            return weight_only.plain_row(x, plain, following)
-    else:
-        q, scale = QUANTIZERS[form](weight)
-
-        def product() -> torch.Tensor:
-            return weight_only.linear(x, q, scale, following)
-
-    try:
-        weight_only.set_l2_prefetch(0)
-        off = product()
-        for size, mode in ((2**20, 1), (2**30, 2)):
-            weight_only.set_l2_prefetch(size, mode)
-            assert torch.equal(product(), off)
-    finally:
-        weight_only.set_l2_prefetch(0)
-    assert torch.equal(following, kept)

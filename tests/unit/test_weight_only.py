@@ -250,7 +250,7 @@ def test_int8_takes_its_split_from_the_row_class(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(weight_only, "kernel_available", lambda x: True)
     splits_seen = []
 
-    def launch(x, weight, scale, kind, group, splits, config, prefetch=None):  # type: ignore[no-untyped-def]
+    def launch(x, weight, scale, kind, group, splits, config):  # type: ignore[no-untyped-def]
         splits_seen.append(splits)
         full = x.float() @ weight.float().T
         return torch.stack([full / splits] * splits)  # split parts that sum to the product
@@ -275,7 +275,7 @@ def test_int4_s_one_row_takes_the_tiles_of_its_inputs_dtype(
     monkeypatch.setattr(weight_only, "kernel_available", lambda x: True)
     seen = []
 
-    def launch(x, weight, scale, kind, group, splits, config, prefetch=None):  # type: ignore[no-untyped-def]
+    def launch(x, weight, scale, kind, group, splits, config):  # type: ignore[no-untyped-def]
         seen.append((x.dtype, splits, config))
         return torch.stack([x.float() @ weight_only.dequantize(weight, scale).T / splits] * splits)
 

@@ -68,7 +68,7 @@ def qkv_step(
     q's and k's heads lie side by side in the fused projection's output, so RoPE and the norm
     run over them as one ``[N, H + KVH, D]`` tensor, each head scaled by its own kind's norm
     weight: the same values as two passes, and one kernel instead of two when compiled."""
-    qkv = linear(rms_norm(x, lw.input_norm, shape.eps), lw.qkv, lw.qkv_scale, lw.qkv_input, lw.o)
+    qkv = linear(rms_norm(x, lw.input_norm, shape.eps), lw.qkv, lw.qkv_scale, lw.qkv_input)
     heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
     qk = qkv[:, : (heads + kv_heads) * dim].view(-1, heads + kv_heads, dim)
     v = qkv[:, (heads + kv_heads) * dim :].view(-1, kv_heads, dim)
@@ -77,19 +77,12 @@ def qkv_step(
     return qk[:, :heads], qk[:, heads:], v
 
 
-def output_step(
-    attn: Tensor, residual: Tensor, lw: LayerWeights, eps: float, following: Tensor
-) -> Tensor:
-    """Attention output ``[N, H*D]`` + residual -> the layer's output ``[N, hidden]``.
-    ``following``: the weight of the product after this layer's (the next layer's QKV or the
-    LM head), which the last product's kernel may ask into L2 (each product names the next:
-    :func:`~hymt_serve.engine.quantized.linear`)."""
-    x = residual + linear(attn, lw.o, lw.o_scale, lw.o_input, lw.gate_up)
+def output_step(attn: Tensor, residual: Tensor, lw: LayerWeights, eps: float) -> Tensor:
+    """Attention output ``[N, H*D]`` + residual -> the layer's output ``[N, hidden]``."""
+    x = residual + linear(attn, lw.o, lw.o_scale, lw.o_input)
     normed = rms_norm(x, lw.post_norm, eps)
-    gate, up = linear(normed, lw.gate_up, lw.gate_up_scale, lw.gate_up_input, lw.down).chunk(
-        2, dim=-1
-    )
-    return x + linear(F.silu(gate) * up, lw.down, lw.down_scale, lw.down_input, following)
+    gate, up = linear(normed, lw.gate_up, lw.gate_up_scale, lw.gate_up_input).chunk(2, dim=-1)
+    return x + linear(F.silu(gate) * up, lw.down, lw.down_scale, lw.down_input)
 
 
 def logits_step(x: Tensor, norm: Tensor, head: tuple[Tensor, ...], shape: ModelShape) -> Tensor:
@@ -119,16 +112,14 @@ def make_step_functions(shape: ModelShape, compile_: bool) -> StepFunctions:
         attn: Tensor, residual: Tensor, cos: Tensor, sin: Tensor, *lws: Tensor
     ) -> tuple[Tensor, ...]:
         done, following = LayerWeights(*lws[:LAYER_TENSORS]), LayerWeights(*lws[LAYER_TENSORS:])
-        x = output_step(attn.flatten(1), residual, done, shape.eps, following.qkv)
+        x = output_step(attn.flatten(1), residual, done, shape.eps)
         q, k, v = qkv_step(x, following, cos, sin, shape)
         return q, k, v, x
 
     def last(
         attn: Tensor, residual: Tensor, norm: Tensor, *head_lw: Tensor
     ) -> Tensor:  # head_lw: the LM head's three tensors, then the last layer's
-        x = output_step(
-            attn.flatten(1), residual, LayerWeights(*head_lw[3:]), shape.eps, head_lw[0]
-        )
+        x = output_step(attn.flatten(1), residual, LayerWeights(*head_lw[3:]), shape.eps)
         return logits_step(x, norm, head_lw[:3], shape)
 
     if not compile_:

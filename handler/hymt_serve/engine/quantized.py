@@ -27,13 +27,7 @@ def quantize_tensor(weight: Tensor) -> tuple[Tensor, Tensor]:
     return (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
-def linear(
-    x: Tensor,
-    weight: Tensor,
-    weight_scale: Tensor,
-    input_scale: Tensor,
-    prefetch: Tensor | None = None,
-) -> Tensor:
+def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor) -> Tensor:
     """``x @ weight.T`` for a plain weight (one row of it on CUDA in the tiled weight-only
     kernel, :func:`~hymt_serve.engine.weight_only.plain_row`), on FP8 tensor cores for an e4m3
     one, and in the weight-only kernel (:mod:`hymt_serve.engine.weight_only`) for int8 and int4
@@ -41,8 +35,7 @@ def linear(
 
     FP8 (tensor-wise, as the published FP8 checkpoints are): ``weight_scale`` is one value,
     and ``x`` is quantized to e4m3 with ``input_scale`` (static, one value) or, when that is
-    empty, with its own absolute maximum over 448 (dynamic). ``prefetch``: the weight of the
-    product that comes next, for the weight-only kernels' L2 prefetch. The product runs in
+    empty, with its own absolute maximum over 448 (dynamic). The product runs in
     ``torch._scaled_mm`` and comes out in ``x``'s dtype; inside the compiled step functions
     inductor fuses the quantization into the kernel that makes ``x`` (a norm, the SiLU
     product). Tensor-wise, not row-wise: on an H200 a pass over the 7B's projections takes
@@ -52,10 +45,10 @@ def linear(
     go through a dequantized fp32 product (the reference the tests hold the kernels to).
     """
     if weight.dtype in (torch.int8, torch.int32):
-        return weight_only.linear(x, weight, weight_scale, prefetch)
+        return weight_only.linear(x, weight, weight_scale)
     if weight.dtype != FP8:
         if weight_only.plain_row_applies(x, weight):
-            return weight_only.plain_row(x, weight, prefetch)
+            return weight_only.plain_row(x, weight)
         return F.linear(x, weight)
     if input_scale.numel():
         x_scale = input_scale.float().reshape(())

@@ -35,7 +35,6 @@ computes the same numbers from the dequantized weight.
 
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 import torch
@@ -132,15 +131,13 @@ def plain_row_applies(x: Tensor, weight: Tensor) -> bool:
     )
 
 
-def plain_row(x: Tensor, weight: Tensor, prefetch: Tensor | None = None) -> Tensor:
+def plain_row(x: Tensor, weight: Tensor) -> Tensor:
     """One row of ``x @ weight.T`` (a plain weight) in the tiled kernel. Its fp32 partial sums
     are summed and cast here, which inside a compiled step inductor fuses into the kernel that
     follows (a norm, the SiLU product), so no reduction kernel runs of its own."""
     config = plain_row_config(weight)
     splits = splits_for(weight, config)
-    parts: Tensor = torch.ops.hymt.weight_only(
-        x.contiguous(), weight, weight, PLAIN, 0, splits, prefetch
-    )
+    parts: Tensor = torch.ops.hymt.weight_only(x.contiguous(), weight, weight, PLAIN, 0, splits)
     return _summed(parts).to(x.dtype)
 
 
@@ -266,11 +263,10 @@ def splits_for(weight: Tensor, config: Config) -> int:
     return splits
 
 
-def linear(x: Tensor, weight: Tensor, scale: Tensor, prefetch: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """``x @ dequantize(weight, scale).T`` in ``x``'s dtype: the kernel on CUDA, else the
     reference. Inside a compiled function int8's scale and sum over splits (and int4's sum at
-    one row) fuse into the kernel that follows. ``prefetch``: the weight of the product that
-    comes next, whose first bytes the kernel asks into L2 (:func:`set_l2_prefetch`)."""
+    one row) fuse into the kernel that follows."""
     kind = kind_of(weight)
     assert kind is not None, weight.dtype
     if not kernel_available(x) or (kind == INT4 and in_features(weight) // scale.shape[1] % 128):
@@ -278,7 +274,7 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor, prefetch: Tensor | None = N
     group = in_features(weight) // scale.shape[1] if kind == INT4 else 0
     if kind == INT4 and x.shape[0] > 1:
         # Batch 1 is specialised and a dynamic batch is 2 or more: no guard, no third graph.
-        out: Tensor = torch.ops.hymt.int4_rows(x.contiguous(), weight, scale, group, prefetch)
+        out: Tensor = torch.ops.hymt.int4_rows(x.contiguous(), weight, scale, group)
         return out
     # The split depends on the row class (and for int4's one row on the dtype) only: one row
     # (static in the batch-1 step; int4 comes here with one row only) or more (int8's
@@ -287,9 +283,7 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor, prefetch: Tensor | None = N
     # kernel's tiles are picked inside the op.
     config = config_for(kind, 1, x.dtype) if x.shape[0] == 1 else FEW_ROWS_CONFIGS[kind]
     splits = splits_for(weight, config)
-    parts: Tensor = torch.ops.hymt.weight_only(
-        x.contiguous(), weight, scale, kind, group, splits, prefetch
-    )
+    parts: Tensor = torch.ops.hymt.weight_only(x.contiguous(), weight, scale, kind, group, splits)
     out = _summed(parts)
     if kind == INT8:
         out = out * scale
@@ -298,28 +292,14 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor, prefetch: Tensor | None = N
 
 @torch.library.custom_op("hymt::weight_only", mutates_args=())
 def _weight_only(
-    x: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    kind: int,
-    group: int,
-    splits: int,
-    prefetch: Tensor | None = None,
+    x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int
 ) -> Tensor:
     config = plain_row_config(weight) if kind == PLAIN else config_for(kind, x.shape[0], x.dtype)
-    return launch(x, weight, scale, kind, group, splits, config, prefetch)
+    return launch(x, weight, scale, kind, group, splits, config)
 
 
 @_weight_only.register_fake
-def _(
-    x: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    kind: int,
-    group: int,
-    splits: int,
-    prefetch: Tensor | None = None,
-) -> Tensor:
+def _(x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int) -> Tensor:
     return x.new_empty(splits, x.shape[0], out_features(weight), dtype=torch.float32)
 
 
@@ -331,12 +311,10 @@ def launch(
     group: int,
     splits: int,
     config: Config,
-    prefetch: Tensor | None = None,
 ) -> Tensor:
     """Run the kernel: fp32 partial products ``[splits, rows, out]`` (the int4 group scales
     applied, the int8 row scales not). int4 above ``FEW_ROWS`` rows multiplies ``block_k``
-    inputs deep (a divisor of the group). ``prefetch``: the next product's weight, whose
-    first :func:`set_l2_prefetch` bytes the programs ask into L2 when they are done."""
+    inputs deep (a divisor of the group)."""
     rows, inputs = x.shape
     cols = out_features(weight)
     if kind == INT4 and group % config.block_k:
@@ -352,7 +330,6 @@ def launch(
     grid = (triton.cdiv(cols, config.block_n), splits, triton.cdiv(rows, config.block_m))
     kernel = _kernels()[1 if one_row else 0]
     extra = {"BF16_PAIRS": pairs} if one_row else {"DEEP": kind == INT4 and rows > FEW_ROWS}
-    extra |= _prefetch_args(prefetch, grid[0] * grid[1] * grid[2], parts)
     # The span is a runtime argument: one compiled kernel per tile config serves every
     # projection shape and split (as a constant it compiled one per shape, 4-5 a row class,
     # which put seconds on an int8 or int4 engine's start).
@@ -365,40 +342,6 @@ def launch(
     return parts
 
 
-L2_LINE = 128
-_l2_prefetch = (0, 1)  # bytes of the next weight asked into L2 (0: none), and the mode
-
-
-def set_l2_prefetch(nbytes: int, mode: int = 1) -> None:
-    """How much of the next product's weight each weight kernel asks into L2 once done
-    (``mode`` 1: marked evict_last, 2: normal priority). Read when a step is captured."""
-    global _l2_prefetch
-    _l2_prefetch = (max(0, int(nbytes)), mode)
-
-
-def _from_environ() -> None:
-    value = os.environ.get("HYMT_L2_PREFETCH", "")
-    if value:
-        megabytes, _, mode = value.partition(":")
-        set_l2_prefetch(int(float(megabytes) * 2**20), 2 if mode == "normal" else 1)
-
-
-def _prefetch_args(prefetch: Tensor | None, programs: int, placeholder: Tensor) -> dict[str, Any]:
-    nbytes, mode = _l2_prefetch
-    if prefetch is None or not nbytes:
-        return {"pf_ptr": placeholder, "PF_LINES": 0, "PF_TOTAL": 0, "PREFETCH": 0}
-    total = min(nbytes, prefetch.numel() * prefetch.element_size()) // L2_LINE
-    return {
-        "pf_ptr": prefetch.view(-1).view(torch.uint8),
-        "PF_LINES": -(-total // programs),
-        "PF_TOTAL": total,
-        "PREFETCH": mode,
-    }
-
-
-_from_environ()
-
-
 def bf16_pairs(x: Tensor) -> bool:
     """Whether int4's one row multiplies ``x`` as bf16 pairs (``fma.bf16x2``: compute
     capability 8.0 and later)."""
@@ -406,22 +349,18 @@ def bf16_pairs(x: Tensor) -> bool:
 
 
 @torch.library.custom_op("hymt::int4_rows", mutates_args=())
-def _int4_rows(
-    x: Tensor, weight: Tensor, scale: Tensor, group: int, prefetch: Tensor | None = None
-) -> Tensor:
+def _int4_rows(x: Tensor, weight: Tensor, scale: Tensor, group: int) -> Tensor:
     """int4 products of more than one row, in ``x``'s dtype."""
     rows = x.shape[0]
     if rows > DEEP_ROWS:
         return x @ widen_int4(weight, scale, group, x.dtype)
     config = config_for(INT4, rows)
-    parts = launch(x, weight, scale, INT4, group, splits_for(weight, config), config, prefetch)
+    parts = launch(x, weight, scale, INT4, group, splits_for(weight, config), config)
     return sum_splits(parts, x.dtype)
 
 
 @_int4_rows.register_fake
-def _(
-    x: Tensor, weight: Tensor, scale: Tensor, group: int, prefetch: Tensor | None = None
-) -> Tensor:
+def _(x: Tensor, weight: Tensor, scale: Tensor, group: int) -> Tensor:
     return x.new_empty(x.shape[0], out_features(weight))
 
 

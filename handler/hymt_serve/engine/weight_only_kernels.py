@@ -23,8 +23,7 @@ except ImportError:  # the CPU image has no Triton; the reference serves there
 # config serves every batch and prompt length: an int8 + head engine's start compiled the
 # tiled kernel 4 times, against 9 with the rows specialised
 # (benchmarks/decode/quantized/ready-compiles/).
-# The prefetch's line counts likewise (they change with the next weight's size).
-ROWS_ARG = ["M", "PF_LINES", "PF_TOTAL"]
+ROWS_ARG = ["M"]
 
 # The kernels exist where Triton does (module level: jitted code finds its helpers by name).
 if triton is not None:
@@ -54,7 +53,6 @@ if triton is not None:
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN, DEEP: tl.constexpr,
-        pf_ptr, PF_LINES, PF_TOTAL, PREFETCH: tl.constexpr,
     ):  # fmt: skip
         # Tiles of rows on tensor cores. One program per (column tile, split, row tile).
         # DEEP: int4 products BLOCK_K inputs deep (int4_deep), for more than a few rows.
@@ -88,8 +86,6 @@ if triton is not None:
                 acc += tl.dot(x, w.to(x.dtype))
         out = out_ptr + tl.program_id(1) * M * N + rows[:, None] * N + cols[None, :]
         tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
-        if PREFETCH:
-            prefetch_share(pf_ptr, PF_LINES, PF_TOTAL, PREFETCH)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int4_deep(  # type: ignore[no-untyped-def]
@@ -164,7 +160,6 @@ if triton is not None:
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN, BF16_PAIRS: tl.constexpr,
-        pf_ptr, PF_LINES, PF_TOTAL, PREFETCH: tl.constexpr,
     ):  # fmt: skip
         # Products of single rows on CUDA cores. One program per (column tile, split, row).
         # BF16_PAIRS: bf16 inputs on a GPU with bf16 pair arithmetic (compute capability 8.0+).
@@ -181,40 +176,6 @@ if triton is not None:
             sums = int8_row(x_row, w_ptr, cols, col_ok, K, start, SPAN, BLOCK_N, BLOCK_K)
         out = out_ptr + tl.program_id(1) * M * N + tl.program_id(2) * N + cols
         tl.store(out, sums, mask=col_ok)
-        if PREFETCH:
-            prefetch_share(pf_ptr, PF_LINES, PF_TOTAL, PREFETCH)
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def prefetch_share(ptr, per_program, total, MODE: tl.constexpr):  # type: ignore[no-untyped-def]
-        # This program's share of the next projection's weight (``per_program`` 128-byte
-        # lines of the first ``total``), asked into L2 once its own product is stored: the
-        # loads finish while the kernels between the two products run, which read little.
-        # MODE 1: the lines marked to stay (evict_last), 2: normal priority.
-        p = tl.program_id(0) + tl.num_programs(0) * (
-            tl.program_id(1) + tl.num_programs(1) * tl.program_id(2)
-        )
-        first = p * per_program
-        for i in range(0, per_program, 128):
-            line = first + i + tl.arange(0, 128)
-            ok = (line < first + per_program) & (line < total)
-            l2_prefetch(ptr + line.to(tl.int64) * 128, ok, MODE)
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def l2_prefetch(addr, ok, MODE: tl.constexpr):  # type: ignore[no-untyped-def]
-        # prefetch.global.L2 of each address where ``ok`` (no result: the 0 is a placeholder).
-        if MODE == 1:
-            done = tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $2, 0;"
-                " @p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
-                "=r,l,r", [addr, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
-        else:
-            done = tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $2, 0;"
-                " @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                "=r,l,r", [addr, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
-        return done
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int4_row(  # type: ignore[no-untyped-def]
