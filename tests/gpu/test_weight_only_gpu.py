@@ -82,7 +82,7 @@ def test_a_7b_model_in_weight_only_form_stays_close_to_bf16(form: str, bound: fl
         random_7b_model("cuda"), PROMPTS, forced, form, max_batch_size=8, max_seq_len=128
     )
     info = quantized.describe()
-    assert info["projection_kernel"] == "Triton weight-only kernel"
+    assert info["projection_kernel"].startswith("Triton weight-only kernel")
     assert info["cuda_graphs"] is True
     assert info["weight_bytes"] < (8.5e9 if form == "int8" else 5e9)  # bf16: 15.0 GB
     print(f"{form} vs bf16 logits cosine", cosine.tolist())

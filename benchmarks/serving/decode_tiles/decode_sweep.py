@@ -3,8 +3,11 @@ and pipeline stages, at the sentence mix's batches and live lengths and one long
 config runs in a CUDA graph (100 replays) and is checked against the PyTorch reference.
 
 A program, not a test: it chose ``attention._DECODE_TILES``. Writes ``decode_sweep.json``.
+``--splits`` instead times the engine's tiles at each split count of the sequence (1-16) for
+small batches and several live lengths (``split_sweep.json``): what ``attention.num_splits``
+chooses from.
 
-    PYTHONPATH=handler python benchmarks/serving/decode_tiles/decode_sweep.py --out DIR
+    PYTHONPATH=handler python benchmarks/serving/decode_tiles/decode_sweep.py --out DIR [--splits]
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ KV_HEADS, HEADS, DIM, MAX_LEN = 8, 32, 128, 1536  # the 7B; the GPU profile's 1,
 CASES = [(1, 60), (64, 60), (128, 100), (256, 60), (64, 700)]  # (batch, live positions)
 
 
-def run(batch: int, length: int, block_n: int, warps: int, stages: int) -> dict[str, Any]:
+SPLIT_CASES = [(b, n) for b in (1, 2, 4, 8, 16, 32) for n in (60, 100, 300, 700)]
+
+
+def run(
+    batch: int, length: int, block_n: int, warps: int, stages: int, splits: int = 0
+) -> dict[str, Any]:
+    """One config in a CUDA graph; ``splits`` 0: the engine's own count for the batch."""
     torch.manual_seed(0)
     k_cache = torch.randn(batch + 1, KV_HEADS, MAX_LEN, DIM, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
@@ -33,7 +42,7 @@ def run(batch: int, length: int, block_n: int, warps: int, stages: int) -> dict[
     v_new = torch.randn_like(k_new)
     slots = torch.arange(batch, device="cuda")
     positions = torch.full((batch,), length - 1, device="cuda")
-    splits = attention.num_splits(batch, KV_HEADS, MAX_LEN)
+    splits = splits or attention.num_splits(batch, KV_HEADS, MAX_LEN)
     out = torch.empty_like(q)
     parts = max(splits, 2) if splits > 1 else 1
     acc = torch.empty(batch, HEADS, parts, DIM, device="cuda", dtype=torch.float32)
@@ -81,7 +90,21 @@ def run(batch: int, length: int, block_n: int, warps: int, stages: int) -> dict[
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--splits", action="store_true", help="sweep the split count instead")
     args = parser.parse_args()
+    if args.splits:
+        tiles = attention._DECODE_TILES
+        found = []
+        for (batch, length), splits in itertools.product(SPLIT_CASES, (1, 2, 4, 8, 16)):
+            found.append(
+                run(
+                    batch, length, tiles["BLOCK_N"], tiles["num_warps"], tiles["num_stages"], splits
+                )
+            )
+            print(json.dumps(found[-1]), flush=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "split_sweep.json").write_text(json.dumps(found, indent=1) + "\n")
+        return
     rows = []
     for (batch, length), block_n, warps, stages in itertools.product(
         CASES, (32, 64, 128), (2, 4, 8), (1, 2, 3)

@@ -44,6 +44,11 @@ _BLOCK_N = 64  # positions per tile of the prompt kernel
 _DECODE_TILES = {"BLOCK_N": 32, "num_warps": 2, "num_stages": 2}
 _TARGET_PROGRAMS = 264  # two waves on the H200's 132 SMs
 _MIN_POSITIONS_PER_SPLIT = 256
+# A cache too short for two splits of _MIN_POSITIONS_PER_SPLIT still splits this far (a tile
+# of positions a split at least): at one row of 100 live positions 4 splits took 6.4 us against
+# 9.3 for one (benchmarks/serving/decode_tiles/split_sweep.json), and the 7B's batch-1 step in
+# a 168-position cache 0.96-0.97 x the time (benchmarks/decode/quantized/attention-splits/).
+_SHORT_CACHE_SPLITS = 4
 
 
 def triton_available() -> bool:
@@ -64,9 +69,13 @@ def prompt_kernel_name(device: torch.device, dtype: torch.dtype) -> str:
 
 
 def num_splits(batch: int, kv_heads: int, max_len: int) -> int:
-    """Splits of the sequence per (row, KV head): enough programs to fill the GPU, never tiny."""
+    """Splits of the sequence per (row, KV head): enough programs to fill the GPU, never tiny
+    (a long cache: _MIN_POSITIONS_PER_SPLIT positions a split; a short one: up to
+    _SHORT_CACHE_SPLITS splits of at least one tile)."""
     wanted = math.ceil(_TARGET_PROGRAMS / (batch * kv_heads))
-    most = max(1, max_len // _MIN_POSITIONS_PER_SPLIT)
+    tile = _DECODE_TILES["BLOCK_N"]
+    most = min(max(_SHORT_CACHE_SPLITS, max_len // _MIN_POSITIONS_PER_SPLIT), max_len // tile)
+    most = max(1, most)
     # A power of two: the combine kernel spans the splits with one tl.arange.
     return 1 << (max(1, min(wanted, most, 16)).bit_length() - 1)
 

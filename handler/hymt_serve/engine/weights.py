@@ -114,7 +114,11 @@ class ModelWeights:
         if projection.dtype == torch.int32:
             group = weight_only.in_features(projection) // self.layers[0].qkv_scale.shape[1]
             facts["projections"] = f"int4 weight-only, a scale and zero point per {group} inputs"
-            facts["projection_kernel"] = kernel
+            facts["projection_kernel"] = (
+                f"{kernel}; more than {weight_only.DEEP_ROWS} rows: widened for cuBLAS"
+                if on_gpu
+                else kernel
+            )
         if projection.dtype == FP8:
             static = self.layers[0].qkv_input.numel() > 0
             facts["projections"] = (

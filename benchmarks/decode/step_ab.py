@@ -1,0 +1,185 @@
+"""The decode step under engine variants, side by side in one process on a 7B-shaped
+random-weight model: the engine's tiles and settings against changed ones.
+
+Each run is ``FORM:VARIANT``. A variant is ``base`` (the engine as it is) or changes joined by
+``+``, each read when the engine is built and captured:
+
+- ``int4=B_M,B_N,B_K,WARPS,STAGES,PROGRAMS``: int4's one-row tiles (``ONE_ROW_CONFIGS``);
+- ``int8=...``: int8's one-row tiles;
+- ``unroll=N``: inductor's ``unroll_reductions_threshold`` (sums over at most N splits are
+  read by the next kernel instead of running as a kernel of their own);
+- ``attn_short=N``: the decode attention's ``_SHORT_CACHE_SPLITS`` (1: a cache under 512
+  positions runs one split, as before it was added).
+
+For each form, one engine per variant is loaded from the same checkpoint as the server loads it
+(the first variant of a form is its baseline); all must give the same greedy tokens as the
+baseline, or the row says they did not (a change of tiles may change the sums' rounding). Then
+the replay time of each engine's captured step is taken in turns for each batch; medians and
+their ratios to the baseline go to JSON and Markdown, written after each form.
+
+    PYTHONPATH=handler:benchmarks/decode python benchmarks/decode/step_ab.py --out DIR \
+        --runs int4+head:base int4+head:int4=1,32,128,1,1,1024 none:base none:attn_short=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import statistics
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_decode import _ids, build_model, graph_step_ms, prompts
+
+from hymt_serve.engine import attention
+from hymt_serve.engine import weight_only as wo
+from hymt_serve.engine.fast import build_fast_runner
+from hymt_serve.engine.loading import load_model
+from hymt_serve.engine.runner import FastRunner
+from hymt_serve.engine.scheduler import Scheduler
+from hymt_serve.engine.types import GenerationRow
+from hymt_serve.request.settings import Settings
+
+PROMPT = 40
+
+
+@contextlib.contextmanager
+def applied(variant: str) -> Iterator[None]:
+    """The process state of ``variant`` while the engine is built, then the state before."""
+    import torch._inductor.config as inductor
+
+    saved = (
+        dict(wo.ONE_ROW_CONFIGS),
+        attention._SHORT_CACHE_SPLITS,
+        inductor.unroll_reductions_threshold,
+    )
+    try:
+        for change in [] if variant == "base" else variant.split("+"):
+            key, _, value = change.partition("=")
+            if key in ("int4", "int8"):
+                kind = wo.INT4 if key == "int4" else wo.INT8
+                wo.ONE_ROW_CONFIGS[kind] = wo.Config(*(int(v) for v in value.split(",")))
+            elif key == "unroll":
+                inductor.unroll_reductions_threshold = int(value)
+            elif key == "attn_short":
+                attention._SHORT_CACHE_SPLITS = int(value)
+            else:
+                raise ValueError(f"unknown change {change!r}")
+        yield
+    finally:
+        wo.ONE_ROW_CONFIGS.clear()
+        wo.ONE_ROW_CONFIGS.update(saved[0])
+        attention._SHORT_CACHE_SPLITS = saved[1]
+        inductor.unroll_reductions_threshold = saved[2]
+
+
+def engine(checkpoint: Path, form: str, variant: str, batch: int, length: int) -> FastRunner:
+    """The fast engine over ``checkpoint`` in ``form``, built and captured under ``variant``."""
+    quantization, _, head = form.partition("+")
+    settings = {
+        "model_path": str(checkpoint),
+        "quantization": quantization,
+        "quantize_lm_head": head == "head",
+        "max_input_tokens": PROMPT,
+        "max_new_tokens": length - PROMPT,
+    }
+    with applied(variant):
+        loaded = load_model(Settings.from_mapping(settings, environ={}))
+        return build_fast_runner(
+            loaded.model,
+            max_batch_size=batch,
+            max_seq_len=length,
+            quantize=loaded.plan.quantization,
+            fp8_scales=loaded.fp8_scales,
+            int4=loaded.int4,
+            quantize_head=head == "head",
+        )
+
+
+def greedy(runner: FastRunner, length: int) -> list[tuple[int, ...]]:
+    scheduler = Scheduler(runner, (), _ids, max_seq_len=length)
+    futures = [scheduler.submit(GenerationRow(p, 32)) for p in prompts(4, PROMPT)]
+    scheduler.run(futures)
+    return [future.result().token_ids for future in futures]
+
+
+def write(out: Path, report: dict[str, Any], turns: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "step_ab.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        f"# Decode step under engine variants: {report['gpu']}, torch {report['torch']}",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"Replays of the captured step, median of {turns} turns each (taken in turns).",
+        "",
+        "| form | batch | variant | ms | base / this | same greedy tokens as base |",
+        "| --- | ---: | --- | ---: | ---: | --- |",
+    ]
+    lines += [
+        f"| {r['form']} | {r['batch']} | `{r['variant']}` | {r['ms']} | {r['base_over_this']} | "
+        f"{r['same_tokens']} |"
+        for r in report["rows"]
+    ]
+    (out / "step_ab.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--runs", nargs="+", required=True, help="FORM:VARIANT")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/hymt-7b-random"))
+    args = parser.parse_args()
+    forms: dict[str, list[str]] = {}
+    for run in args.runs:
+        form, _, variant = run.partition(":")
+        forms.setdefault(form, []).append(variant or "base")
+    length = PROMPT + 128
+    if not (args.checkpoint / "config.json").is_file():
+        model = build_model()
+        model.save_pretrained(args.checkpoint)
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+    report: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "rows": [],
+    }
+    for form, variants in forms.items():
+        top = max(args.batches)
+        engines = {v: engine(args.checkpoint, form, v, top, length) for v in variants}
+        tokens = {v: greedy(runner, length) for v, runner in engines.items()}
+        for batch in args.batches:
+            times: dict[str, list[float]] = {v: [] for v in variants}
+            for _ in range(args.turns):
+                for variant, runner in engines.items():
+                    times[variant].append(graph_step_ms(runner, batch))
+            base = statistics.median(times[variants[0]])
+            for variant in variants:
+                ms = statistics.median(times[variant])
+                report["rows"].append(
+                    {"form": form, "batch": batch, "variant": variant, "ms": round(ms, 4),
+                     "base_over_this": round(base / ms, 3),
+                     "same_tokens": tokens[variant] == tokens[variants[0]],
+                     "turns": times[variant]}
+                )  # fmt: skip
+        write(args.out, report, args.turns)
+        del engines
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
