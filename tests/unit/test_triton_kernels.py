@@ -90,7 +90,8 @@ CASES = {
 
 DECODE_CASES = {
     "one split": dict(batch=3, length=32, slots=[0, 2, 4], positions=[3, 31, 10]),
-    # a short cache still splits (up to 4 splits of a tile or more): one split holds the rows
+    # a short cache still splits (up to 4 splits of a tile or more); in the second, the row at
+    # position 20 leaves all but its first split empty
     "a short cache, split": dict(batch=1, length=100, slots=[3], positions=[99]),
     "a short cache, some splits empty": dict(
         batch=2, length=160, slots=[0, 1], positions=[20, 159]
