@@ -43,11 +43,14 @@ _BLOCK_N = 64  # positions per tile of the prompt kernel
 # 28.3 against 41.6 us a layer at 256 rows; 1.03 x at 700 positions.
 _DECODE_TILES = {"BLOCK_N": 32, "num_warps": 2, "num_stages": 2}
 _TARGET_PROGRAMS = 264  # two waves on the H200's 132 SMs
-_MIN_POSITIONS_PER_SPLIT = 256
-# A cache too short for two splits of _MIN_POSITIONS_PER_SPLIT still splits this far (a tile
-# of positions a split at least): at one row of 100 live positions 4 splits took 6.4 us against
-# 9.3 for one (benchmarks/serving/decode_tiles/split_sweep.json), and the 7B's batch-1 step in
-# a 168-position cache 0.96-0.97 x the time (benchmarks/decode/quantized/attention-splits/).
+# Splits of the cache's positions: at 1-4 rows of a 1,536-position cache 8 splits (128
+# positions each) against 4 took 9.7-10.5 against 14.5-15.1 us at 700 live positions and 0.2-0.4
+# us more at the sentence mix's 60-100 (benchmarks/serving/decode_tiles/split_sweep.json).
+_MIN_POSITIONS_PER_SPLIT = 128
+# A cache too short for that still splits this far (a tile of positions a split at least): at
+# one row of 100 live positions 4 splits took 6.4 us against 9.3 for one (the same sweep), and
+# the 7B's batch-1 step in a 168-position cache 0.96-0.97 x the time
+# (benchmarks/decode/quantized/attention-splits/).
 _SHORT_CACHE_SPLITS = 4
 
 
