@@ -78,7 +78,6 @@ def num_splits(batch: int, kv_heads: int, max_len: int) -> int:
     wanted = math.ceil(_TARGET_PROGRAMS / (batch * kv_heads))
     tile = _DECODE_TILES["BLOCK_N"]
     most = min(max(_SHORT_CACHE_SPLITS, max_len // _MIN_POSITIONS_PER_SPLIT), max_len // tile)
-    most = max(1, most)
     # A power of two: the combine kernel spans the splits with one tl.arange.
     return 1 << (max(1, min(wanted, most, 16)).bit_length() - 1)
 

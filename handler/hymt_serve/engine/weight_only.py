@@ -304,13 +304,7 @@ def _(x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: i
 
 
 def launch(
-    x: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    kind: int,
-    group: int,
-    splits: int,
-    config: Config,
+    x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int, config: Config
 ) -> Tensor:
     """Run the kernel: fp32 partial products ``[splits, rows, out]`` (the int4 group scales
     applied, the int8 row scales not). int4 above ``FEW_ROWS`` rows multiplies ``block_k``
