@@ -6,6 +6,9 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+import pytest
+
+from hymt_serve.ops import drain as drain_module
 from hymt_serve.ops.drain import AccessLog, Load, accepted, count_answers
 from hymt_serve.ops.launcher import Server
 from hymt_serve.ops.operate import health, liveness
@@ -71,3 +74,39 @@ def test_readiness_fails_at_once_while_draining_and_liveness_needs_a_server(
         "draining (hymt drain): out of rotation until the next start"
     ]
     assert liveness(server, "hunyuan-mt") == ["TorchServe is not running"]
+
+
+def test_a_load_that_empties_at_the_deadline_still_gets_its_settle_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last answer lands just before the deadline: the drain waits out its settle time and
+    succeeds, instead of timing out with nothing held (a CI failure read "... Load(accepted=11,
+    answered=11, queued=0) still held")."""
+    clock = [0.0]
+    loads = iter([Load(3, 1, 0)] * 4 + [Load(3, 3, 0)] * 10)
+    monkeypatch.setattr(drain_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(drain_module.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(drain_module, "measure", lambda *args: next(loads))
+    monkeypatch.setattr(Server, "pid", lambda self: 1)
+    said: list[str] = []
+    done = drain_module.drain(
+        Server(tmp_path), ["m"], endpoint_wait=0.0, timeout=1.8, poll=0.5, settle=1.0,
+        say=said.append,
+    )  # fmt: skip
+    assert done, said
+    assert said[-1] == "drained: 3 predictions accepted, all answered"
+
+
+def test_a_drain_times_out_while_requests_are_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(drain_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(drain_module.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(drain_module, "measure", lambda *args: Load(3, 1, 0))
+    monkeypatch.setattr(Server, "pid", lambda self: 1)
+    said: list[str] = []
+    assert not drain_module.drain(
+        Server(tmp_path), ["m"], endpoint_wait=0.0, timeout=2.0, poll=0.5, say=said.append
+    )
+    assert "still held" in said[-1] and "answered=1" in said[-1]

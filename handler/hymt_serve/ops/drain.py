@@ -165,7 +165,8 @@ def drain(
                 return True
         else:
             quiet_since = None
-        if now > deadline:
+        if now > deadline and (quiet_since is None or now > deadline + settle):
+            # (quiet at the deadline: the settle time still runs, once)
             say(f"drain timed out after {timeout:g} s with {load} still held")
             return False
         time.sleep(poll)
