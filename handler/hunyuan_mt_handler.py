@@ -70,6 +70,7 @@ class HunyuanMTHandler:
         properties = context.system_properties
         raw = (getattr(context, "model_yaml_config", None) or {}).get("handler")
         settings = Settings.from_mapping(raw, model_dir=properties.get("model_dir", "."))
+        settings = settings.with_cpu_threads(_engines(context, settings))
         self.async_mode = _async_mode(context)
         engine: Any
         if self.async_mode:  # the model runs in a child process, away from this one's GIL
@@ -219,6 +220,17 @@ def _async_mode(context: Any) -> bool:
             "over several requests at once"
         )
     return True
+
+
+def _engines(context: Any, settings: Settings) -> int:
+    """How many engines this model may run on this host: one per worker (the larger of
+    minWorkers and maxWorkers; workers added through the management API beyond them are not
+    counted), or one when the workers share it."""
+    if settings.share_engine:
+        return 1
+    config = getattr(context, "model_yaml_config", None) or {}
+    counts = [config.get(key) for key in ("minWorkers", "maxWorkers")]
+    return max((n for n in counts if type(n) is int and n > 0), default=1)
 
 
 def _heavy(data: list[dict[str, Any]]) -> bool:

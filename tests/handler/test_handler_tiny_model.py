@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from fakes import make_context, set_batch
 
 from hunyuan_mt_handler import HunyuanMTHandler
@@ -233,6 +234,29 @@ def test_handler_end_to_end(real_tokenizer_model_dir: Path) -> None:
     assert all(t["text"].strip() for t in out[1]["translations"])
     assert out[2]["error_type"] == "same_language"
     assert handler.describe()["engine"]["attention"] == "sdpa"
+
+
+def test_cpu_workers_share_the_cores(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four workers on eight cores: two threads each, in the engine and its describe output
+    (each taking all eight made two CPU workers several times slower, spinning for cores)."""
+    from hymt_serve.request import settings as settings_module
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(settings_module, "usable_cpus", lambda: 8)
+    before = torch.get_num_threads()
+    handler = HunyuanMTHandler()
+    context = make_context(
+        {"model_path": str(tiny_model_dir), "device": "cpu"},
+        model_dir=tiny_model_dir,
+        frontend={"minWorkers": 1, "maxWorkers": 4},
+    )
+    try:
+        handler.initialize(context)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)  # process-wide: the other tests keep theirs
+    assert handler.describe()["engine"]["cpu_threads"] == "2"
+    assert handler.describe()["settings"]["cpu_threads"] == 2
 
 
 def test_fallback_tokenizer_model_serves_too(fallback_model_dir: Path) -> None:

@@ -22,8 +22,9 @@ from hymt_serve.ops.launcher import Server, stop
 pytestmark = pytest.mark.integration
 
 ENDPOINT_WAIT = 3.0  # seconds requests keep arriving after the drain starts (proxies lagging)
-# One to three seconds each on the tiny model (random weights generate to the limit): longer
-# than the drain's settle time, so requests are still being generated when the wait ends.
+# Two to five seconds each on the tiny model with two CPU workers (random weights generate to
+# the limit): longer than the drain's settle time, so requests are still being generated when
+# the wait ends. (When each worker took every core, a busy neighbour made them 15-30 s.)
 SLOW_BODY = {
     "text": ["A sentence to translate, slowly."] * 2,
     "target_lang": "de",
@@ -96,7 +97,7 @@ def test_drain_fails_readiness_then_waits_for_every_request(draining_server: Ser
     drain_started = time.monotonic()
     drain = subprocess.Popen(
         [sys.executable, "-m", "hymt_serve.ops.cli", "drain", "--workdir", workdir,
-         "--endpoint-wait", str(ENDPOINT_WAIT), "--timeout", "40"],
+         "--endpoint-wait", str(ENDPOINT_WAIT), "--timeout", "90"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     while not server.drain_marker.exists() and drain.poll() is None:
@@ -115,10 +116,10 @@ def test_drain_fails_readiness_then_waits_for_every_request(draining_server: Ser
 
     time.sleep(max(0.0, marked + ENDPOINT_WAIT - time.monotonic()))
     endpoints_gone.set()  # the pod has left the endpoints: no new requests from here on
-    output, _ = drain.communicate(timeout=60)
+    output, _ = drain.communicate(timeout=120)
     drained = time.monotonic()
     for client in clients + late:
-        client.join(timeout=60)
+        client.join(timeout=120)
 
     assert drain.returncode == 0, output
     assert "drained" in output, output

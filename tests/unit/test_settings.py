@@ -119,3 +119,52 @@ def test_settings_are_frozen_and_public_view_is_json_ready() -> None:
     with pytest.raises(AttributeError):
         settings.max_new_tokens = 5  # type: ignore[misc]
     assert json.loads(json.dumps(settings.public()))["sampling"]["top_k"] == 20
+
+
+@pytest.mark.parametrize(
+    ("raw", "env", "engines", "cores", "threads"),
+    [({}, {}, 2, 2, 1), ({}, {}, 3, 16, 5), ({}, {}, 4, 2, 1), ({}, {}, 1, 8, 8),
+     ({"cpu_threads": 6}, {}, 4, 2, 6), ({}, {"OMP_NUM_THREADS": "3"}, 2, 8, 0)],
+)  # fmt: skip
+def test_cpu_threads_share_the_cores_among_engines(
+    monkeypatch: pytest.MonkeyPatch,
+    raw: dict[str, Any],
+    env: dict[str, str],
+    engines: int,
+    cores: int,
+    threads: int,
+) -> None:
+    """Auto (0): the usable cores over the engines, at least one each; a set count, or
+    OMP_NUM_THREADS (then PyTorch's own choice, 0 here), stays."""
+    from hymt_serve.request import settings as module
+
+    monkeypatch.setattr(module, "usable_cpus", lambda: cores)
+    settings = load({"model_path": "/m", **raw}).with_cpu_threads(engines, env)
+    assert settings.cpu_threads == threads
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "cores"),
+    [("max 100000\n", 4), ("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000", 1),
+     ("1200000 100000\n", 4), ("garbage", 4), (None, 4)],
+)  # fmt: skip
+def test_usable_cpus_follow_affinity_and_the_cgroup_quota(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpu_max: str | None, cores: int
+) -> None:
+    from hymt_serve.request import settings as module
+
+    monkeypatch.setattr(module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    path = tmp_path / "cpu.max"
+    if cpu_max is not None:
+        path.write_text(cpu_max, encoding="ascii")
+    assert module.usable_cpus(path) == cores
+
+
+def test_the_cpu_plan_sets_the_threads_it_reports() -> None:
+    from hymt_serve.engine.loading import plan_load
+
+    settings = load({"model_path": "/m", "device": "cpu", "cpu_threads": 3})
+    assert plan_load(settings).describe()["cpu_threads"] == "3"
+    assert plan_load(settings).cpu_threads == 3
+    auto = plan_load(load({"model_path": "/m", "device": "cpu"}))
+    assert auto.cpu_threads >= 1  # PyTorch's own count, left as it is

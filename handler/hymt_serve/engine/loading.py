@@ -34,6 +34,7 @@ class LoadPlan:
     quantization: str
     blas_library: str = "none"  # CUDA: the library dense products go to
     one_row_kernel: str = "none"  # CUDA: where one row of a plain product goes
+    cpu_threads: int = 0  # CPU: the threads of each operation (0 on CUDA)
 
     def describe(self) -> dict[str, str]:
         return {
@@ -43,6 +44,7 @@ class LoadPlan:
             "quantization": self.quantization,
             "blas_library": self.blas_library,
             "one_row_kernel": self.one_row_kernel,
+            "cpu_threads": str(self.cpu_threads) if self.cpu_threads else "none",
         }
 
 
@@ -60,6 +62,7 @@ def plan_load(settings: Settings, gpu_id: int | None = None) -> LoadPlan:
         _quantization(settings.quantization, device),
         settings.blas_library if use_cuda else "none",
         one_row_kernel(settings.one_row_kernel, device),
+        0 if use_cuda else settings.cpu_threads or torch.get_num_threads(),
     )
 
 
@@ -175,6 +178,8 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
         if plan.blas_library != "cublas":  # process-wide, before any graph is captured
             torch.backends.cuda.preferred_blas_library(plan.blas_library)
         weight_only.set_plain_row_kernel(plan.one_row_kernel)
+    else:  # process-wide: this engine's share of the cores
+        torch.set_num_threads(plan.cpu_threads)
     if not (settings.model_path / "config.json").is_file():
         raise ConfigurationError(f"model_path {str(settings.model_path)!r} has no config.json")
     started = time.perf_counter()

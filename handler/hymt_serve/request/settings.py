@@ -8,9 +8,10 @@ path is read against the model archive's folder.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "top_k": (1, 1_000),
     "test_oom_max_new_tokens": (0, 32_768),
     "test_hang_max_new_tokens": (0, 32_768),
+    "cpu_threads": (0, 1_024),
 }
 
 # key: (lowest, highest, lowest excluded?)
@@ -91,6 +93,11 @@ class Settings:
     # x cuBLAS's time per projection on an H200 (benchmarks/decode/bf16-row/); auto: triton on
     # Hopper, where that was measured, cuBLAS on other GPUs.
     one_row_kernel: str = "auto"
+    # CPU only: the threads of one engine's operations (torch.set_num_threads). 0: the cores
+    # this process may use divided among the model's engines (maxWorkers, or one with
+    # share_engine), unless OMP_NUM_THREADS is set; workers that each take every core slow
+    # each other down several times over (threads spinning for a core another worker holds).
+    cpu_threads: int = 0
     # Which model family's prompts and request features (auto: from the model folder's name).
     prompt_family: str = "auto"
     max_input_tokens: int = 1024
@@ -180,12 +187,34 @@ class Settings:
             )
         return settings
 
+    def with_cpu_threads(self, engines: int, environ: Mapping[str, str] = os.environ) -> Settings:
+        """``cpu_threads: 0`` made a count for ``engines`` engines on this machine: the usable
+        cores divided among them, at least one each. Unchanged when ``cpu_threads`` is set, or
+        when OMP_NUM_THREADS is (PyTorch then follows it)."""
+        if self.cpu_threads or environ.get("OMP_NUM_THREADS", "").strip():
+            return self
+        return replace(self, cpu_threads=max(1, usable_cpus() // max(1, engines)))
+
     def public(self) -> dict[str, Any]:
         """A JSON-ready view for describe output and logs (no secrets in settings)."""
         view = {f.name: getattr(self, f.name) for f in fields(self)}
         view["model_path"] = str(self.model_path)
         view["sampling"] = vars(self.sampling).copy()
         return view
+
+
+def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota
+    (a container's CPU limit, which the affinity does not show)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = cpus or 1
+    try:
+        quota, period = cpu_max.read_text(encoding="ascii").split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):  # no cgroup v2 here, or a file of another shape
+        pass
+    return cpus
 
 
 def _model_path(value: Any, model_dir: str | os.PathLike[str], environ: Mapping[str, str]) -> Path:
