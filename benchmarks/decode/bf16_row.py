@@ -82,7 +82,7 @@ def launch_rows(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...]) -> to
 
 def launch_dot(x: torch.Tensor, w: torch.Tensor, config: tuple[int, ...]) -> torch.Tensor:
     """The engine's tiled kernel (``weight_only.launch``): a plain weight as the engine's
-    batch-1 step runs it, or an int8 one (int8_row.py), its scale not applied."""
+    batch-1 step runs it, or an int8 one (its scale not applied)."""
     block_n, block_k, stages, programs = config
     tiles = wo.Config(16, block_n, block_k, 4, stages, programs)
     kind = wo.INT8 if w.dtype == torch.int8 else wo.PLAIN

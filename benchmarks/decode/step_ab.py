@@ -6,6 +6,8 @@ Each run is ``FORM:VARIANT``. A variant is ``base`` (the engine as it is) or cha
 
 - ``int4=B_M,B_N,B_K,WARPS,STAGES,PROGRAMS``: int4's one-row tiles (``ONE_ROW_CONFIGS``);
 - ``int8=...``: int8's one-row tiles;
+- ``plain=...``, ``plain_wide=...``: a plain (bf16) weight's one-row tiles, below and from
+  ``WIDE`` output columns (``PLAIN_ROW_CONFIG``, ``WIDE_PLAIN_ROW_CONFIG``);
 - ``unroll=N``: inductor's ``unroll_reductions_threshold`` (sums over at most N splits are
   read by the next kernel instead of running as a kernel of their own);
 - ``attn_short=N``: the decode attention's ``_SHORT_CACHE_SPLITS`` (1: a cache under 512
@@ -49,6 +51,10 @@ from hymt_serve.request.settings import Settings
 PROMPT = 40
 
 
+def _config(value: str) -> wo.Config:
+    return wo.Config(*(int(v) for v in value.split(",")))
+
+
 @contextlib.contextmanager
 def applied(variant: str) -> Iterator[None]:
     """The process state of ``variant`` while the engine is built, then the state before."""
@@ -58,13 +64,19 @@ def applied(variant: str) -> Iterator[None]:
         dict(wo.ONE_ROW_CONFIGS),
         attention._SHORT_CACHE_SPLITS,
         inductor.unroll_reductions_threshold,
+        wo.PLAIN_ROW_CONFIG,
+        wo.WIDE_PLAIN_ROW_CONFIG,
     )
     try:
         for change in [] if variant == "base" else variant.split("+"):
             key, _, value = change.partition("=")
             if key in ("int4", "int8"):
                 kind = wo.INT4 if key == "int4" else wo.INT8
-                wo.ONE_ROW_CONFIGS[kind] = wo.Config(*(int(v) for v in value.split(",")))
+                wo.ONE_ROW_CONFIGS[kind] = _config(value)
+            elif key == "plain":
+                wo.PLAIN_ROW_CONFIG = _config(value)
+            elif key == "plain_wide":
+                wo.WIDE_PLAIN_ROW_CONFIG = _config(value)
             elif key == "unroll":
                 inductor.unroll_reductions_threshold = int(value)
             elif key == "attn_short":
@@ -77,6 +89,7 @@ def applied(variant: str) -> Iterator[None]:
         wo.ONE_ROW_CONFIGS.update(saved[0])
         attention._SHORT_CACHE_SPLITS = saved[1]
         inductor.unroll_reductions_threshold = saved[2]
+        wo.PLAIN_ROW_CONFIG, wo.WIDE_PLAIN_ROW_CONFIG = saved[3], saved[4]
 
 
 def engine(checkpoint: Path, form: str, variant: str, batch: int, length: int) -> FastRunner:
