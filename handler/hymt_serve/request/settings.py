@@ -94,9 +94,10 @@ class Settings:
     # Hopper, where that was measured, cuBLAS on other GPUs.
     one_row_kernel: str = "auto"
     # CPU only: the threads of one engine's operations (torch.set_num_threads). 0: the cores
-    # this process may use divided among the model's engines (maxWorkers, or one with
-    # share_engine), unless OMP_NUM_THREADS is set; workers that each take every core slow
-    # each other down several times over (threads spinning for a core another worker holds).
+    # this process may use divided among the model's engines (the larger of minWorkers and
+    # maxWorkers, or one with share_engine), unless OMP_NUM_THREADS is set; workers that each
+    # take every core slow each other down several times over (threads spinning for a core
+    # another worker holds).
     cpu_threads: int = 0
     # Which model family's prompts and request features (auto: from the model folder's name).
     prompt_family: str = "auto"
