@@ -37,6 +37,18 @@ def test_the_kernel_matches_the_dequantized_reference(
     assert error < 1e-2  # bf16 output rounding and the accumulation order
 
 
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+def test_int8_with_fp16_inputs_matches_the_reference(rows: int) -> None:
+    """fp16 inputs (an fp16 model) at every row class: the widening by int8_as_fp16."""
+    torch.manual_seed(rows)
+    q, scale = QUANTIZERS["int8"](torch.randn(4096, 4096, device="cuda") * 0.02)
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.float16)
+    ours = weight_only.linear(x, q, scale)
+    reference = weight_only.reference(x.float(), q, scale)
+    assert ours.dtype == torch.float16
+    assert (ours.float() - reference).norm() / reference.norm() < 1e-2
+
+
 @pytest.mark.parametrize("shape", [(6144, 4096), (4096, 14336), (128256, 4096), (200, 384)])
 def test_one_row_of_a_plain_product_matches_cublas(
     monkeypatch: pytest.MonkeyPatch, shape: tuple[int, int]
