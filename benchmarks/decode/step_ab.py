@@ -11,7 +11,11 @@ Each run is ``FORM:VARIANT``. A variant is ``base`` (the engine as it is) or cha
 - ``unroll=N``: inductor's ``unroll_reductions_threshold`` (sums over at most N splits are
   read by the next kernel instead of running as a kernel of their own);
 - ``attn_short=N``: the decode attention's ``_SHORT_CACHE_SPLITS`` (1: a cache under 512
-  positions runs one split, as before it was added).
+  positions runs one split, as before it was added);
+- ``int8_shapes=off``: int8's one row on ``ONE_ROW_CONFIGS`` for every shape (no
+  ``INT8_ROW_SHAPE_CONFIGS``); ``int8_shape=OUTxIN:B_M,...``: one shape's entry there;
+- ``split_sums=N``: the step functions' ``unroll_reductions_threshold`` (``model.SPLIT_SUMS_READ``;
+  ``unroll`` sets inductor's global one, which the step functions' own option overrides).
 
 For each form, one engine per variant is loaded from the same checkpoint as the server loads it
 (the first variant of a form is its baseline); all must give the same greedy tokens as the
@@ -40,6 +44,7 @@ import torch
 from bench_decode import _ids, build_model, graph_step_ms, prompts
 
 from hymt_serve.engine import attention
+from hymt_serve.engine import model as step_model
 from hymt_serve.engine import weight_only as wo
 from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.loading import load_model
@@ -66,6 +71,8 @@ def applied(variant: str) -> Iterator[None]:
         inductor.unroll_reductions_threshold,
         wo.PLAIN_ROW_CONFIG,
         wo.WIDE_PLAIN_ROW_CONFIG,
+        dict(wo.INT8_ROW_SHAPE_CONFIGS),
+        step_model.SPLIT_SUMS_READ,
     )
     try:
         for change in [] if variant == "base" else variant.split("+"):
@@ -81,6 +88,14 @@ def applied(variant: str) -> Iterator[None]:
                 inductor.unroll_reductions_threshold = int(value)
             elif key == "attn_short":
                 attention._SHORT_CACHE_SPLITS = int(value)
+            elif key == "int8_shapes" and value == "off":
+                wo.INT8_ROW_SHAPE_CONFIGS.clear()
+            elif key == "int8_shape":
+                shape, _, tiles = value.partition(":")
+                out, _, inputs = shape.partition("x")
+                wo.INT8_ROW_SHAPE_CONFIGS[(int(out), int(inputs))] = _config(tiles)
+            elif key == "split_sums":
+                step_model.SPLIT_SUMS_READ = int(value)
             else:
                 raise ValueError(f"unknown change {change!r}")
         yield
@@ -90,6 +105,9 @@ def applied(variant: str) -> Iterator[None]:
         attention._SHORT_CACHE_SPLITS = saved[1]
         inductor.unroll_reductions_threshold = saved[2]
         wo.PLAIN_ROW_CONFIG, wo.WIDE_PLAIN_ROW_CONFIG = saved[3], saved[4]
+        wo.INT8_ROW_SHAPE_CONFIGS.clear()
+        wo.INT8_ROW_SHAPE_CONFIGS.update(saved[5])
+        step_model.SPLIT_SUMS_READ = saved[6]
 
 
 def engine(checkpoint: Path, form: str, variant: str, batch: int, length: int) -> FastRunner:

@@ -22,7 +22,7 @@ pytestmark = [
 
 @pytest.mark.parametrize("form", ["int8", "int4"])
 @pytest.mark.parametrize("rows", [1, 7, 16, 17, 64, 300])
-@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 14336), (200, 384)])
+@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 4096), (4096, 14336), (200, 384)])
 def test_the_kernel_matches_the_dequantized_reference(
     form: str, rows: int, shape: tuple[int, int]
 ) -> None:

@@ -295,3 +295,37 @@ def test_int4_s_one_row_takes_the_tiles_of_its_inputs_dtype(
         (torch.float16, weight_only.splits_for(q, fp16), fp16),
     ]
     assert seen == expected and bf16 != fp16, seen
+
+
+def test_int8_s_one_row_takes_the_tiles_measured_for_its_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 7B's attention-output and gate_up shapes take their own one-row tiles (and so their
+    own split); other shapes and more rows the tiles of their row class."""
+    monkeypatch.setattr(weight_only, "kernel_available", lambda x: True)
+    seen = []
+
+    def launch(x, weight, scale, kind, group, splits, config):  # type: ignore[no-untyped-def]
+        seen.append((weight.shape, x.shape[0], splits, config))
+        return torch.stack([x.float() @ weight.float().T / splits] * splits)
+
+    monkeypatch.setattr(weight_only, "launch", launch)
+    torch.manual_seed(0)
+    for shape in ((4096, 4096), (28672, 4096), (6144, 4096)):
+        q, scale = quantize_int8_rows(torch.randn(*shape) * 0.02)
+        for rows in (1, 2):
+            x = torch.randn(rows, shape[1]).half()
+            got = weight_only.linear(x, q, scale).float()
+            want = weight_only.reference(x.float(), q, scale)
+            torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+    own = weight_only.INT8_ROW_SHAPE_CONFIGS
+    one_row = weight_only.ONE_ROW_CONFIGS[weight_only.INT8]
+    few = weight_only.FEW_ROWS_CONFIGS[weight_only.INT8]
+    expected = []
+    for shape in ((4096, 4096), (28672, 4096), (6144, 4096)):
+        config = own.get(shape, one_row)
+        dummy = torch.empty(shape, dtype=torch.int8)
+        expected += [(torch.Size(shape), 1, weight_only.splits_for(dummy, config), config)]
+        expected += [(torch.Size(shape), 2, weight_only.splits_for(dummy, few), few)]
+    assert seen == expected, seen
+    assert own[(4096, 4096)] != one_row and (6144, 4096) not in own

@@ -73,6 +73,15 @@ ONE_ROW_CONFIGS = {
     INT8: Config(16, 64, 256, 4, 3, 264),
     INT4: Config(1, 128, 32, 1, 1, 1056),
 }
+# int8's one row on two projection shapes of the 7B models (hidden 4,096, intermediate
+# 14,336; out, in): tiles of 128 inputs read them faster than the tile above in two sweeps on
+# an H200 (benchmarks/decode/row_tiles.py, quantized/row-warps/ and against-bf16-row/): the
+# attention output 0.234 against 0.259-0.260 ms a pass, gate_up 1.007-1.028 against
+# 1.054-1.061. Neither tile is faster over all four projections.
+INT8_ROW_SHAPE_CONFIGS = {
+    (4096, 4096): Config(16, 64, 128, 4, 3, 264),
+    (28672, 4096): Config(16, 64, 128, 4, 3, 528),
+}
 # fp16 inputs take int4's fp32 arithmetic (int4_pairs), which reads fastest on its own tile:
 # 2.11 ms a pass here against 2.26 on bf16's (int4_packed.py, its fp32 rows).
 FP16_ONE_ROW_CONFIGS = {INT4: Config(1, 64, 128, 2, 1, 2112)}
@@ -151,11 +160,16 @@ def plain_row_config(weight: Tensor) -> Config:
     return WIDE_PLAIN_ROW_CONFIG if weight.shape[0] >= WIDE else PLAIN_ROW_CONFIG
 
 
-def config_for(kind: int, rows: int, dtype: torch.dtype = torch.bfloat16) -> Config:
-    """The tiles for ``rows`` rows of input in ``dtype``. The split of the input dimension
-    depends on the class (one, few or many rows) and the dtype only, so a compiled step traced
-    with a symbolic batch (always more than one row) knows it. (int4's many rows take taller
-    tiles above 64 rows: their op picks them with the rows known.)"""
+def config_for(
+    kind: int, rows: int, dtype: torch.dtype = torch.bfloat16, shape: tuple[int, int] = (0, 0)
+) -> Config:
+    """The tiles for ``rows`` rows of input in ``dtype`` (and int8's one row of a weight of
+    ``shape``, out by in: ``INT8_ROW_SHAPE_CONFIGS``). The split of the input dimension
+    depends on the class (one, few or many rows), the dtype and the shape only, so a compiled
+    step traced with a symbolic batch (always more than one row) knows it. (int4's many rows
+    take taller tiles above 64 rows: their op picks them with the rows known.)"""
+    if rows == 1 and kind == INT8 and shape in INT8_ROW_SHAPE_CONFIGS:
+        return INT8_ROW_SHAPE_CONFIGS[shape]
     if rows == 1:
         if dtype == torch.float16 and kind in FP16_ONE_ROW_CONFIGS:
             return FP16_ONE_ROW_CONFIGS[kind]
@@ -181,6 +195,11 @@ def out_features(weight: Tensor) -> int:
 
 def in_features(weight: Tensor) -> int:
     return weight.shape[0] * 8 if weight.dtype == torch.int32 else weight.shape[1]
+
+
+def shape_of(weight: Tensor) -> tuple[int, int]:
+    """The product's (out, in), whatever the weight's packing."""
+    return out_features(weight), in_features(weight)
 
 
 def unpack_int4(packed: Tensor) -> Tensor:
@@ -281,7 +300,8 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     # few-rows tiles: for a 7B's projections and head the same as the many-rows tiles' would
     # be), so a step compiled with a symbolic batch (2 or more) needs no guard on it; the
     # kernel's tiles are picked inside the op.
-    config = config_for(kind, 1, x.dtype) if x.shape[0] == 1 else FEW_ROWS_CONFIGS[kind]
+    one_row = config_for(kind, 1, x.dtype, shape_of(weight))
+    config = one_row if x.shape[0] == 1 else FEW_ROWS_CONFIGS[kind]
     splits = splits_for(weight, config)
     parts: Tensor = torch.ops.hymt.weight_only(x.contiguous(), weight, scale, kind, group, splits)
     out = _summed(parts)
@@ -294,7 +314,10 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
 def _weight_only(
     x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int
 ) -> Tensor:
-    config = plain_row_config(weight) if kind == PLAIN else config_for(kind, x.shape[0], x.dtype)
+    if kind == PLAIN:
+        config = plain_row_config(weight)
+    else:
+        config = config_for(kind, x.shape[0], x.dtype, shape_of(weight))
     return launch(x, weight, scale, kind, group, splits, config)
 
 
