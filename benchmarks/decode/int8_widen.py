@@ -2,9 +2,10 @@
 against byte-permute conversions written in PTX.
 
 The engine's tiled kernel widened each int8 weight with ``w.to(x.dtype)`` (bf16 inputs
-still do): to bf16, about 3 instructions an element (``row_tiles.py --sass``: 4.1 a weight element in the loop, against
-2.25 for a bf16 weight, and int8 reads at 3.2 TB/s against bf16's 3.9). The modes here
-differ only in that widening (and in the inputs' dtype on the tensor cores):
+still do): to bf16, about 3 instructions an element (``row_tiles.py --sass``: 4.1 a weight
+element in the loop, against 2.25 for a bf16 weight, and int8 reads at 3.2 TB/s against
+bf16's 3.9). The modes here differ only in that widening (and in the inputs' dtype on the
+tensor cores):
 
 - ``engine``: ``w.to(bf16)``, bf16 inputs (the engine's kernel as it is);
 - ``fp16``: ``w.to(fp16)``, the inputs cast to fp16 in the kernel;
