@@ -149,7 +149,9 @@ def _compiled(fn: Callable[..., Any], activations: int) -> Callable[..., Any]:
     (batch 1 is always specialised) makes all buckets above 1 share a single compilation; every
     other dimension stays static. No inductor CUDA graphs: the runner captures the whole step.
     """
-    options = {"unroll_reductions_threshold": SPLIT_SUMS_READ}
+    options: dict[str, str | int | bool | Callable[..., Any]] = {
+        "unroll_reductions_threshold": SPLIT_SUMS_READ
+    }
     compiled = torch.compile(fn, fullgraph=True, dynamic=None, options=options)
 
     def call(*args: Tensor) -> Any:

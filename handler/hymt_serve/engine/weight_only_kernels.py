@@ -95,7 +95,7 @@ if triton is not None:
         out = out_ptr + tl.program_id(1) * M * N + rows[:, None] * N + cols[None, :]
         tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
 
-    @triton.jit  # type: ignore[untyped-decorator]
+    @triton.jit
     def int8_as_fp16(w):  # type: ignore[no-untyped-def]
         # Four int8 values to fp16 in 5 instructions (Triton's own conversion took 11 to fp16,
         # 8 to bf16): the sign bit flipped makes q + 128, which one prmt puts under fp16's
