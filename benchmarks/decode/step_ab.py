@@ -14,6 +14,8 @@ Each run is ``FORM:VARIANT``. A variant is ``base`` (the engine as it is) or cha
   positions runs one split, as before it was added);
 - ``int8_shapes=off``: int8's one row on ``ONE_ROW_CONFIGS`` for every shape (no
   ``INT8_ROW_SHAPE_CONFIGS``); ``int8_shape=OUTxIN:B_M,...``: one shape's entry there;
+- ``qkv=one``: q, k and v written by one compiled kernel (``qkv_one_kernel``, tried on
+  2026-12-04 and not kept: benchmarks/decode/quantized/qkv-one-kernel/);
 - ``split_sums=N``: the step functions' ``unroll_reductions_threshold`` (``model.SPLIT_SUMS_READ``;
   ``unroll`` sets inductor's global one, which the step functions' own option overrides).
 
@@ -60,6 +62,26 @@ def _config(value: str) -> wo.Config:
     return wo.Config(*(int(v) for v in value.split(",")))
 
 
+def qkv_one_kernel(
+    x: torch.Tensor, lw: Any, cos: torch.Tensor, sin: torch.Tensor, shape: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``model.qkv_step`` with RoPE and the QK norm run over v's heads too, each v head then
+    taken as it came, so that one compiled kernel writes q, k and v (the engine's leaves v a
+    view of the projection's output, which a kernel of its own makes)."""
+    qkv = step_model.linear(
+        step_model.rms_norm(x, lw.input_norm, shape.eps), lw.qkv, lw.qkv_scale, lw.qkv_input
+    )
+    heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
+    every = qkv.view(-1, heads + 2 * kv_heads, dim)
+    k_norm = lw.k_norm.expand(kv_heads, dim)
+    norm = torch.cat([lw.q_norm.expand(heads, dim), k_norm, k_norm])
+    rotated = step_model._rotate(every, cos[:, None, :], sin[:, None, :])
+    normed = step_model.rms_norm(rotated, norm, shape.eps)
+    is_v = torch.arange(heads + 2 * kv_heads, device=qkv.device)[:, None] >= heads + kv_heads
+    out = torch.where(is_v, every, normed)
+    return out[:, :heads], out[:, heads : heads + kv_heads], out[:, heads + kv_heads :]
+
+
 @contextlib.contextmanager
 def applied(variant: str) -> Iterator[None]:
     """The process state of ``variant`` while the engine is built, then the state before."""
@@ -73,6 +95,7 @@ def applied(variant: str) -> Iterator[None]:
         wo.WIDE_PLAIN_ROW_CONFIG,
         dict(wo.INT8_ROW_SHAPE_CONFIGS),
         step_model.SPLIT_SUMS_READ,
+        step_model.qkv_step,
     )
     try:
         for change in [] if variant == "base" else variant.split("+"):
@@ -94,6 +117,8 @@ def applied(variant: str) -> Iterator[None]:
                 shape, _, tiles = value.partition(":")
                 out, _, inputs = shape.partition("x")
                 wo.INT8_ROW_SHAPE_CONFIGS[(int(out), int(inputs))] = _config(tiles)
+            elif key == "qkv" and value == "one":
+                step_model.qkv_step = qkv_one_kernel
             elif key == "split_sums":
                 step_model.SPLIT_SUMS_READ = int(value)
             else:
@@ -108,6 +133,7 @@ def applied(variant: str) -> Iterator[None]:
         wo.INT8_ROW_SHAPE_CONFIGS.clear()
         wo.INT8_ROW_SHAPE_CONFIGS.update(saved[5])
         step_model.SPLIT_SUMS_READ = saved[6]
+        step_model.qkv_step = saved[7]
 
 
 def engine(checkpoint: Path, form: str, variant: str, batch: int, length: int) -> FastRunner:
