@@ -7,11 +7,13 @@ import torch
 from runner_helpers import generate, scheduler_for, teacher_forced_logits
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
+from hymt_serve.engine import model as step
 from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
 from hymt_serve.engine.inputs import max_blocks, packed_layout, prompt_blocks
 from hymt_serve.engine.prefill import PREFILL_TOKENS
 from hymt_serve.engine.runner import FastRunner
 from hymt_serve.engine.types import GenerationRow, SamplingParams
+from hymt_serve.engine.weights import ModelShape
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 
 PROMPTS = ((1, 17, 250, 33, 91, 402, 5), (1, 300, 12), (1, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53))
@@ -281,3 +283,24 @@ def test_odd_vocabulary_is_padded_without_changing_tokens() -> None:
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert [tokens for tokens, _ in generate(fast, greedy_rows(), stop_token_ids=())] == expected
     assert [hf_generate(model, p, n) for p, n in zip(PROMPTS, MAX_NEW, strict=True)] == expected
+
+
+def test_the_step_functions_compile_reading_split_sums_in_the_next_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every step function compiles with inductor's unroll_reductions_threshold above 8, so a
+    weight-only product's sum over 8 splits (int8's one row of a 7B's attention output and
+    down projection) runs inside the next kernel, not as a kernel of its own."""
+    seen = []
+    real = torch.compile
+
+    def spy(fn, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(kwargs.get("options"))
+        return real(fn, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    shape = ModelShape(layers=2, heads=4, kv_heads=2, head_dim=8, eps=1e-5, vocab=32)
+    step.make_step_functions(shape, compile_=True)
+    assert len(seen) == 3, seen
+    assert all(o == {"unroll_reductions_threshold": step.SPLIT_SUMS_READ} for o in seen), seen
+    assert step.SPLIT_SUMS_READ > 8
