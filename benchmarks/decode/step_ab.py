@@ -8,16 +8,17 @@ Each run is ``FORM:VARIANT``. A variant is ``base`` (the engine as it is) or cha
 - ``int8=...``: int8's one-row tiles;
 - ``plain=...``, ``plain_wide=...``: a plain (bf16) weight's one-row tiles, below and from
   ``WIDE`` output columns (``PLAIN_ROW_CONFIG``, ``WIDE_PLAIN_ROW_CONFIG``);
-- ``unroll=N``: inductor's ``unroll_reductions_threshold`` (sums over at most N splits are
-  read by the next kernel instead of running as a kernel of their own);
+- ``unroll=N``: inductor's global ``unroll_reductions_threshold`` (since 2026-12-04 the step
+  functions pass their own, ``split_sums``, so this reaches only what else is compiled);
 - ``attn_short=N``: the decode attention's ``_SHORT_CACHE_SPLITS`` (1: a cache under 512
   positions runs one split, as before it was added);
 - ``int8_shapes=off``: int8's one row on ``ONE_ROW_CONFIGS`` for every shape (no
   ``INT8_ROW_SHAPE_CONFIGS``); ``int8_shape=OUTxIN:B_M,...``: one shape's entry there;
 - ``qkv=one``: q, k and v written by one compiled kernel (``qkv_one_kernel``, tried on
   2026-12-04 and not kept: benchmarks/decode/quantized/qkv-one-kernel/);
-- ``split_sums=N``: the step functions' ``unroll_reductions_threshold`` (``model.SPLIT_SUMS_READ``;
-  ``unroll`` sets inductor's global one, which the step functions' own option overrides).
+- ``split_sums=N``: the step functions' ``unroll_reductions_threshold``
+  (``model.SPLIT_SUMS_READ``: sums over fewer than N splits are read by the next kernel
+  instead of running as a kernel of their own).
 
 For each form, one engine per variant is loaded from the same checkpoint as the server loads it
 (the first variant of a form is its baseline); all must give the same greedy tokens as the
