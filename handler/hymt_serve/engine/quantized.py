@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hymt_serve.engine import weight_only
+from hymt_serve.engine import weight_forms, weight_only
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales
 
 Int4Parts = dict[str, tuple[Tensor, Tensor]]  # module name -> packed weight, scales and zeros
@@ -74,7 +74,7 @@ def quantize_int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
 QUANTIZERS = {
     "fp8": quantize_tensor,
     "int8": quantize_int8_rows,
-    "int4": weight_only.quantize_int4_groups,
+    "int4": weight_forms.quantize_int4_groups,
 }
 
 
