@@ -86,7 +86,7 @@ if triton is not None:
                 w = tl.load(
                     w_ptr + cols[None, :] * K + ks[:, None],
                     mask=k_ok[:, None] & col_ok[None, :],
-                    other=0,
+                    other=0.0,  # (a float: an e4m3 weight takes no integer)
                 )
                 if KIND == 0 and x.dtype == tl.float16 and COMPILED:
                     acc += tl.dot(x, int8_as_fp16(w))
