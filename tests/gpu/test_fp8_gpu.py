@@ -23,8 +23,10 @@ pytestmark = [
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
 @pytest.mark.parametrize("static", [False, True])
 def test_scaled_mm_matches_the_dequantized_reference(rows: int, static: bool) -> None:
+    """Static input scales, and dynamic ones per token (rows of sizes 100 x apart)."""
     torch.manual_seed(rows)
     x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    x *= torch.logspace(-1, 1, rows, device="cuda", dtype=torch.bfloat16)[:, None]
     weight = torch.randn(6144, 4096, device="cuda") * 0.02
     q, scale = quantize_tensor(weight)
     input_scale = torch.tensor([0.01], device="cuda") if static else torch.empty(0, device="cuda")
@@ -33,6 +35,14 @@ def test_scaled_mm_matches_the_dequantized_reference(rows: int, static: bool) ->
     assert ours.dtype == torch.bfloat16
     error = (ours.float().cpu() - reference.float()).norm() / reference.float().norm()
     assert error < 1e-2  # bf16 output rounding and the accumulation order
+    rows_error = (ours.float().cpu() - reference.float()).norm(dim=1) / reference.float().norm(
+        dim=1
+    )
+    # Each row on its own: one scale for all rows flushed the small ones under e4m3's range
+    # (error ~1); per-token scales keep each within its own rounding. One row of 64 measured
+    # 0.015 against 0.003 for the others on an H200 (the GPU's and the CPU's e4m3 rounding of
+    # a few inputs differ), so the bound sits at a few per cent.
+    assert (rows_error < 5e-2).all()
 
 
 @pytest.mark.parametrize("head", [False, True])

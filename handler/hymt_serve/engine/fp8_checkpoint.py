@@ -45,7 +45,7 @@ class Fp8Scales:
     static: bool
 
     def describe(self) -> str:
-        inputs = "static input scales" if self.static else "dynamic input scales"
+        inputs = "static input scales" if self.static else "dynamic input scales, per token"
         return f"FP8 checkpoint (compressed-tensors, tensor-wise, {inputs})"
 
 

@@ -1,7 +1,8 @@
-"""Quantized projections for the fast engine: FP8 (e4m3, tensor-wise scales, on FP8 tensor
-cores), int8 weight-only (a scale per output row) and int4 weight-only (GPTQ's packing, a scale
-per 128 inputs), the product that runs each, and taking an FP8 checkpoint's weights with their
-own scales (:mod:`hymt_serve.engine.fp8_checkpoint`).
+"""Quantized projections for the fast engine: FP8 (e4m3, tensor-wise weight scales, inputs
+scaled by a checkpoint's static scale or per token, on FP8 tensor cores), int8 weight-only (a
+scale per output row) and int4 weight-only (GPTQ's packing, a scale per 128 inputs), the
+product that runs each, and taking an FP8 checkpoint's weights with their own scales
+(:mod:`hymt_serve.engine.fp8_checkpoint`).
 """
 
 from __future__ import annotations
@@ -27,22 +28,41 @@ def quantize_tensor(weight: Tensor) -> tuple[Tensor, Tensor]:
     return (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
+_UNIT: dict[torch.device, Tensor] = {}
+
+
+def unit_scale(device: torch.device) -> Tensor:
+    """A scale of 1 on ``device`` for ``torch._scaled_mm`` (made once, before any step is
+    compiled: a tensor made inside a compiled step would cost a kernel of its own)."""
+    if device not in _UNIT:
+        _UNIT[device] = torch.ones((), dtype=torch.float32, device=device)
+    return _UNIT[device]
+
+
 def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor) -> Tensor:
     """``x @ weight.T`` for a plain weight (one row of it on CUDA in the tiled weight-only
     kernel, :func:`~hymt_serve.engine.weight_only.plain_row`), on FP8 tensor cores for an e4m3
     one, and in the weight-only kernel (:mod:`hymt_serve.engine.weight_only`) for int8 and int4
     ones.
 
-    FP8 (tensor-wise, as the published FP8 checkpoints are): ``weight_scale`` is one value,
-    and ``x`` is quantized to e4m3 with ``input_scale`` (static, one value) or, when that is
-    empty, with its own absolute maximum over 448 (dynamic). The product runs in
-    ``torch._scaled_mm`` and comes out in ``x``'s dtype; inside the compiled step functions
-    inductor fuses the quantization into the kernel that makes ``x`` (a norm, the SiLU
-    product). Tensor-wise, not row-wise: on an H200 a pass over the 7B's projections takes
-    2.1 ms at 1 token tensor-wise, 3.8 ms row-wise and 3.6 ms in bf16
-    (benchmarks/decode/fp8_gemm.py); widening e4m3 weights to bf16 in the weight-only kernel
-    instead took 2.7 ms (benchmarks/decode/weight_only_gemm.py). Off CUDA the same numbers
-    go through a dequantized fp32 product (the reference the tests hold the kernels to).
+    FP8 (tensor-wise weights, as the published FP8 checkpoints are): ``weight_scale`` is one
+    value, and ``x`` is quantized to e4m3 with ``input_scale`` (static, one value) or, when
+    that is empty, each row with its own absolute maximum over 448 (dynamic, per token). The
+    product runs in ``torch._scaled_mm`` and comes out in ``x``'s dtype: with the scales as
+    its own for one input scale (static, or one row), with a unit input scale and the rows'
+    scales multiplying its result for more rows. Inside the compiled step functions inductor
+    fuses the quantization (the rows' maxima included) into the kernel that makes ``x`` (a
+    norm, the SiLU product) and the rows' scales into the kernels that read the result.
+    Before per-token scales, one maximum over all rows ran as a reduction of its own at each
+    projection: a 128-row decode step took 4.56 ms against 4.29 now on an H200
+    (benchmarks/decode/quantized/fp8-per-token/). Tensor-wise weights, not row-wise: on an
+    H200 a pass over the 7B's projections takes 2.1 ms at 1 token tensor-wise, 3.8 ms with
+    ``_scaled_mm``'s row-wise scaling and 3.6 ms in bf16 (benchmarks/decode/fp8_gemm.py);
+    widening e4m3 weights to bf16 in the weight-only kernel took 2.7 ms
+    (benchmarks/decode/weight_only_gemm.py), and e4m3 tiles on FP8 tensor cores in that
+    kernel 1.23 x ``_scaled_mm``'s time at one row (benchmarks/decode/fp8_row.py). Off CUDA
+    the same numbers go through a dequantized fp32 product (the reference the tests hold the
+    kernels to).
     """
     if weight.dtype in (torch.int8, torch.int32):
         return weight_only.linear(x, weight, weight_scale)
@@ -51,16 +71,19 @@ def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor)
             return weight_only.plain_row(x, weight)
         return F.linear(x, weight)
     if input_scale.numel():
-        x_scale = input_scale.float().reshape(())
+        x_scale = input_scale.float().reshape(1, 1)
     else:
-        # per row first, then over the rows: a one-step reduction over all of x runs as one
-        # slow program in inductor (0.4-0.6 ms per projection at 64 rows)
-        x_scale = (x.abs().amax(dim=-1).amax().float() / FP8_MAX).clamp(min=1e-12)
+        x_scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
     xq = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     w_scale = weight_scale.float().reshape(())
-    if x.is_cuda:
-        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)
-    return F.linear(xq.float() * x_scale, weight.float() * w_scale).to(x.dtype)
+    if not x.is_cuda:
+        return (F.linear(xq.float(), weight.float()) * (x_scale * w_scale)).to(x.dtype)
+    if input_scale.numel() or x.shape[0] == 1:  # (a dynamic batch is 2 or more: no guard)
+        scale_a = x_scale.reshape(())
+        return torch._scaled_mm(xq, weight.t(), scale_a=scale_a, scale_b=w_scale, out_dtype=x.dtype)
+    unit = unit_scale(x.device)
+    product = torch._scaled_mm(xq, weight.t(), scale_a=unit, scale_b=w_scale, out_dtype=x.dtype)
+    return (product.float() * x_scale).to(x.dtype)
 
 
 def quantize_int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:

@@ -15,7 +15,14 @@ from torch import Tensor, nn
 
 from hymt_serve.engine import weight_only
 from hymt_serve.engine.fp8_checkpoint import Fp8Scales
-from hymt_serve.engine.quantized import FP8, QUANTIZERS, Int4Parts, checkpoint_group, int4_group
+from hymt_serve.engine.quantized import (
+    FP8,
+    QUANTIZERS,
+    Int4Parts,
+    checkpoint_group,
+    int4_group,
+    unit_scale,
+)
 
 
 class LayerWeights(NamedTuple):
@@ -23,7 +30,7 @@ class LayerWeights(NamedTuple):
 
     A projection is a bf16/fp16/fp32 weight ``[out, in]`` (its two scales empty); an FP8
     (e4m3) weight with its fp32 scale ``[1]`` and the input's scale: one fp32 value (static,
-    from calibration) or empty (dynamic: from each input at run time); an int8 weight with
+    from calibration) or empty (dynamic: from each input row at run time); an int8 weight with
     fp32 scales ``[out]``; or int4 (int32 ``[in / 8, out]``) with fp16 scales and zero
     points ``[2, groups, out]``. See :func:`linear`."""
 
@@ -121,9 +128,8 @@ class ModelWeights:
             )
         if projection.dtype == FP8:
             static = self.layers[0].qkv_input.numel() > 0
-            facts["projections"] = (
-                f"fp8 e4m3, tensor-wise scales, {'static' if static else 'dynamic'} input scales"
-            )
+            inputs = "static input scales" if static else "dynamic input scales per token"
+            facts["projections"] = f"fp8 e4m3, tensor-wise scales, {inputs}"
             facts["projection_kernel"] = (
                 "torch._scaled_mm (tensor-wise)" if projection.is_cuda else "dequantized reference"
             )
@@ -256,6 +262,8 @@ def extract_weights(
         hf.lm_head.weight.data = hf.lm_head.weight.new_empty(0)  # the dense copy goes
         if tied:  # one table for both: the embedding reads the quantized rows
             embed, embed_scale = lm_head[: embed.shape[0]], head_scale
+    if FP8 in (layers[0].qkv.dtype, lm_head.dtype):
+        unit_scale(lm_head.device)  # made before the step functions are compiled
     return ModelWeights(
         embed=embed,
         layers=tuple(layers),
