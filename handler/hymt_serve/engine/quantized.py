@@ -70,11 +70,7 @@ def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor)
         if weight_only.plain_row_applies(x, weight):
             return weight_only.plain_row(x, weight)
         return F.linear(x, weight)
-    if input_scale.numel():
-        x_scale = input_scale.float().reshape(1, 1)
-    else:
-        x_scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
-    xq = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    xq, x_scale = quantize_input(x, input_scale)
     w_scale = weight_scale.float().reshape(())
     if not x.is_cuda:
         return (F.linear(xq.float(), weight.float()) * (x_scale * w_scale)).to(x.dtype)
@@ -84,6 +80,16 @@ def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor)
     unit = unit_scale(x.device)
     product = torch._scaled_mm(xq, weight.t(), scale_a=unit, scale_b=w_scale, out_dtype=x.dtype)
     return (product.float() * x_scale).to(x.dtype)
+
+
+def quantize_input(x: Tensor, input_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """``x [rows, in]`` as e4m3 and its fp32 scale ``[1, 1]`` (``input_scale``, static) or
+    ``[rows, 1]`` (empty ``input_scale``: each row's absolute maximum over 448)."""
+    if input_scale.numel():
+        x_scale = input_scale.float().reshape(1, 1)
+    else:
+        x_scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
+    return (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), x_scale
 
 
 def quantize_int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
