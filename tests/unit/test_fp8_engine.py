@@ -50,7 +50,7 @@ def test_a_tensor_quantizes_to_e4m3_within_its_rounding() -> None:
 def test_the_fp8_product_is_the_dequantized_reference(dtype: torch.dtype) -> None:
     torch.manual_seed(1)
     x = torch.randn(5, 64).to(dtype)
-    x[3] *= 1e5  # a row far larger than the others: per-token scales keep the rest exact
+    x[3] *= 1e5  # a row far larger than the others: per-token scales keep the rest in range
     weight = torch.randn(48, 64)
     q, scale = quantize_tensor(weight)
     ours = linear(x, q, scale, torch.empty(0))

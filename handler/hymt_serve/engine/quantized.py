@@ -54,7 +54,7 @@ def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor)
     fuses the quantization (the rows' maxima included) into the kernel that makes ``x`` (a
     norm, the SiLU product) and the rows' scales into the kernels that read the result.
     Before per-token scales, one maximum over all rows ran as a reduction of its own at each
-    projection: a 128-row decode step took 4.56 ms against 4.29 now on an H200
+    projection: a 128-row decode step's graph took 4.56 ms against 4.25 now on an H200
     (benchmarks/decode/quantized/fp8-per-token/). Tensor-wise weights, not row-wise: on an
     H200 a pass over the 7B's projections takes 2.1 ms at 1 token tensor-wise, 3.8 ms with
     ``_scaled_mm``'s row-wise scaling and 3.6 ms in bf16 (benchmarks/decode/fp8_gemm.py);
