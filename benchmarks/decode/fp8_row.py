@@ -22,12 +22,13 @@ from pathlib import Path
 
 import torch
 from bf16_row import COPIES, median_ms
+from bf16_row import SHAPES as ROW_SHAPES
 from fp8_gemm import LAYERS
 
 from hymt_serve.engine import weight_only as wo
+from hymt_serve.engine.quantized import FP8
 
-FP8 = torch.float8_e4m3fn
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+SHAPES = {name: ROW_SHAPES[name] for name in ("qkv", "o", "gate_up", "down")}  # no LM head
 
 
 def scaled_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, *_: object) -> torch.Tensor:
