@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 
 from hymt_serve.engine.fast import build_fast_runner
 from hymt_serve.engine.hf import HFRunner
+from hymt_serve.engine.jobs import Readback
 from hymt_serve.engine.prefill import PREFILL_TOKENS
 from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow, SamplingParams
@@ -144,6 +145,59 @@ def test_a_row_that_stops_leaves_the_batch_at_the_next_step(
         assert list(future.result().token_ids) == reference[:cut]
         # token 0 comes from the prompt's pass, token t from decode step t
         assert scheduler.stats["steps"] == cut, f"stop sampled at step {cut}"
+
+
+@pytest.fixture
+def host_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read-backs as on a GPU whose steps the host has run ahead of: never there when the host
+    looks, so it waits for one only when it must (on the CPU they are there at once)."""
+    monkeypatch.setattr(Readback, "ready", lambda self: False)
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["readback-at-once", "host-ahead"])
+def test_a_row_at_its_length_takes_no_step_past_it(
+    model: PreTrainedModel, expected: list[list[int]], ahead: bool, request: pytest.FixtureRequest
+) -> None:
+    """A row leaves the batch with the step that gives it its last token, before the host has
+    read that step back: its slot serves the next row at once, its tokens arrive later."""
+    if ahead:
+        request.getfixturevalue("host_ahead")
+    rows = [i for i, new in enumerate(MAX_NEW) if new > 1]  # one token: no decode step at all
+    scheduler = scheduler_for(build_fast_runner(model, max_batch_size=4, max_seq_len=64))
+    futures = [scheduler.submit(GenerationRow(PROMPTS[i], MAX_NEW[i])) for i in rows]
+    scheduler.run(futures)
+    assert [list(f.result().token_ids) for f in futures] == [expected[i] for i in rows]
+    # a row is in exactly the decode steps that give it tokens 2..max_new
+    assert scheduler.stats["row_steps"] == sum(MAX_NEW[i] - 1 for i in rows)
+
+
+def test_a_failure_fails_the_rows_whose_read_back_was_still_due(
+    model: PreTrainedModel, expected: list[list[int]], host_ahead: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    scheduler = scheduler_for(build_fast_runner(model, max_batch_size=4, max_seq_len=64))
+    short = scheduler.submit(GenerationRow(PROMPTS[1], 6))
+    long = scheduler.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]))
+
+    def failing_step() -> None:
+        raise MemoryError("injected")
+
+    with torch.inference_mode():  # as run() steps
+        for _ in range(MAX_NEW[0]):
+            scheduler.step()
+            if scheduler.describe()["running"] == 1:
+                break
+        assert scheduler.describe()["running"] == 1 and scheduler.stats["steps"] == 5
+        assert not short.done()  # out of the batch, its tokens not read back yet
+        monkeypatch.setattr(scheduler._runner, "recorded_step", failing_step)
+        scheduler.step()
+    for future in (short, long):
+        with pytest.raises(GenerationFailed, match="MemoryError"):
+            future.result(timeout=0)
+    monkeypatch.undo()  # the next rows are served, from free slots
+    after = [scheduler.submit(GenerationRow(p, n)) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
+    scheduler.run(after)
+    assert [list(f.result().token_ids) for f in after] == expected
 
 
 def test_streamed_tokens_add_up_to_the_result(

@@ -183,11 +183,12 @@ class Scheduler(Admission):
         """Take arrivals (waiting up to a moment for one when ``block`` and idle), collect a
         read-back, admit, decode one step. Returns whether rows still run or wait (rows that
         finishing rows' callbacks submitted meanwhile included)."""
-        idle = not (self._running or self._waiting or self._prefilling)
+        idle = not (self._running or self._waiting or self._prefilling or self._readback)
         self._waiting.take(block=block and idle)
         try:
             if self._readback is not None:
                 self._collect()
+                self._retire()
             if self._mixer is None and self._waiting and self._free and self._admit_now():
                 started = time.perf_counter()
                 self._admit()
@@ -200,9 +201,10 @@ class Scheduler(Admission):
                 self._decode()
             if self._running and self._all_due <= 0 and self._readback is None:
                 self._start_readback()  # all at their length: collect
+            self._retire()
         except Exception as error:  # the running rows fail, the scheduler goes on
             self._reset(error)
-        return bool(self._running or self._prefilling or self._waiting.pending)
+        return bool(self._running or self._prefilling or self._waiting.pending or self._readback)
 
     def _serve(self) -> None:
         if self._device.type == "cuda":
@@ -279,8 +281,10 @@ class Scheduler(Admission):
         readback = self._readback
         assert readback is not None
         if not readback.ready():
-            # More steps help nobody once every row has its length: wait at once then.
-            if readback.steps_after < LOOKAHEAD and self._all_due > 0:
+            # More steps help nobody once every row has its length, and with no row running a
+            # round has nothing to queue unless prompts wait: wait at once then.
+            busy = self._all_due > 0 if self._running else self._prefilling or self._waiting
+            if readback.steps_after < LOOKAHEAD and busy:
                 return
             self.stats["readback_waits"] += 1
         started = time.perf_counter()
@@ -302,9 +306,29 @@ class Scheduler(Admission):
                 self._start_readback()
         self.stats["sync_s"] += time.perf_counter() - started
 
+    def _retire(self) -> None:
+        """Rows at their length in the read-back just queued leave the batch before the next
+        step, not when the read-back arrives: its copies come before any later write to their
+        slots on the device's stream, so the slots are free at once. The read-back delivers them.
+        (A row that sampled a stop token is only known at the read-back.)"""
+        readback = self._readback
+        if readback is None or readback.steps_after or self._length_due > 0:
+            return
+        queued = {id(job) for job in readback.jobs}
+        at_length = {
+            id(job)
+            for job in self._running
+            if id(job) in queued and self._tokens_of(job) >= job.row.max_new_tokens
+        }
+        if at_length:
+            self._remove(at_length)
+
     def _remove(self, finished: set[int]) -> None:
-        """Free the finished rows' slots and compact the batch to the others."""
+        """Free the finished rows' slots and compact the batch to the others (rows that
+        :meth:`_retire` took out already are not in it)."""
         keep = [i for i, job in enumerate(self._running) if id(job) not in finished]
+        if len(keep) == len(self._running):
+            return
         self._free.extend(job.slot for job in self._running if id(job) in finished)
         self._running = [self._running[i] for i in keep]
         if self._running:
@@ -329,10 +353,14 @@ class Scheduler(Admission):
                 job.future.set_result(self._result(visible, finish))
 
     def _reset(self, error: BaseException, *, log: bool = True) -> None:
-        """Fail every running row and every row part-way through its prompt; empty the batch."""
+        """Fail every running row, every row part-way through its prompt and every retired row
+        that its read-back had yet to deliver; empty the batch."""
         jobs, self._running = self._running + self._prefilling, []
         self._prefilling = []
-        self._readback = None
-        self._free.extend(job.slot for job in jobs)
+        self._free.extend(job.slot for job in jobs)  # retired rows' slots are free already
+        if self._readback is not None:
+            held = {id(job) for job in jobs}
+            jobs += [job for job in self._readback.jobs if id(job) not in held]
+            self._readback = None
         self._runner.clear()
         self._fail(jobs, error, log=log)
