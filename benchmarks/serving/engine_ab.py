@@ -9,7 +9,9 @@ with ``bench_engine.measure``. A variant is a name of the form ``buckets=a,b+loo
 - ``buckets=``: decode buckets the engine may *not* use (their graphs stay captured but the
   batch pads past them), e.g. ``buckets=-160,-224`` is the engine without those two sizes;
 - ``lookahead=n``: the scheduler's ``LOOKAHEAD`` (decode steps the host queues past a pending
-  read-back; a finished row runs up to that many steps past its end).
+  read-back; a finished row runs up to that many steps past its end);
+- ``retire=0``: rows at their length stay in the batch until the read-back that delivers them
+  arrives (the scheduler before ``Scheduler._retire``).
 
 ``base`` is the engine as built. Writes ``engine_ab.json`` (every measurement) and
 ``engine_ab.md`` (medians per variant and user count, and each variant's ratio to the first).
@@ -32,6 +34,7 @@ import torch
 
 import hymt_serve.engine.scheduler as scheduler_module
 from hymt_serve.engine.runner import FastRunner
+from hymt_serve.engine.scheduler import Scheduler
 from hymt_serve.engine.types import GenerationResult
 from hymt_serve.ops.tiny_model import default_tokenizer_dir
 from hymt_serve.request.settings import Settings
@@ -49,8 +52,8 @@ from flops import bf16_matmul_rate, utilisation
 
 
 def parse_variant(name: str) -> dict[str, Any]:
-    """``base`` or ``key=value`` parts joined by ``+`` (keys: buckets, lookahead)."""
-    variant: dict[str, Any] = {"name": name, "drop": set(), "lookahead": None}
+    """``base`` or ``key=value`` parts joined by ``+`` (keys: buckets, lookahead, retire)."""
+    variant: dict[str, Any] = {"name": name, "drop": set(), "lookahead": None, "retire": True}
     if name == "base":
         return variant
     for part in name.split("+"):
@@ -59,8 +62,12 @@ def parse_variant(name: str) -> dict[str, Any]:
             variant["drop"] = {int(v.removeprefix("-")) for v in value.split(",") if v}
         elif key == "lookahead":
             variant["lookahead"] = int(value)
+        elif key == "retire" and value in ("0", "1"):
+            variant["retire"] = value == "1"
         else:
-            raise SystemExit(f"unknown variant part {part!r} (buckets=-a,-b or lookahead=n)")
+            raise SystemExit(
+                f"unknown variant part {part!r} (buckets=-a,-b, lookahead=n or retire=0|1)"
+            )
     return variant
 
 
@@ -70,9 +77,15 @@ def apply(fast: FastRunner, all_buckets: tuple[int, ...], variant: dict[str, Any
         raise SystemExit("the largest bucket (the slot count) cannot be dropped")
     fast.buckets = tuple(b for b in all_buckets if b not in dropped)
     scheduler_module.LOOKAHEAD = variant["lookahead"] or DEFAULT_LOOKAHEAD
+    Scheduler._retire = RETIRE if variant["retire"] else keep_rows_at_length  # type: ignore[method-assign]
+
+
+def keep_rows_at_length(self: Scheduler) -> None:
+    """``retire=0``: rows at their length stay in the batch until their read-back arrives."""
 
 
 DEFAULT_LOOKAHEAD = scheduler_module.LOOKAHEAD
+RETIRE = Scheduler._retire
 
 
 def markdown(results: list[dict[str, Any]], names: list[str], users: list[int]) -> str:
