@@ -20,10 +20,11 @@ caller waits: with a read-back every 8 steps, as before, a row could run up to 1
 its end on the GPU. Read-backs are asynchronous (the host queues up to ``LOOKAHEAD`` more steps
 before it waits for one, so on the GPU one lands every ``LOOKAHEAD`` + 1 steps at most) and
 admitting never waits for the device, so the GPU is not left idle while the host does its
-bookkeeping. The runner (:class:`Runner`: the fast engine's or transformers') owns the cache
-and the forward; :class:`~hymt_serve.engine.slots.SlotState` samples and records. A failure
-fails the rows it touched (as :func:`~hymt_serve.request.errors.as_service_error` says); the
-scheduler goes on.
+bookkeeping. A row that reaches its length (which the host knows) leaves the batch as soon as
+the read-back that holds its last token is queued, and that read-back delivers it. The runner
+(:class:`Runner`: the fast engine's or transformers') owns the cache and the forward;
+:class:`~hymt_serve.engine.slots.SlotState` samples and records. A failure fails the rows it
+touched (as :func:`~hymt_serve.request.errors.as_service_error` says); the scheduler goes on.
 """
 
 from __future__ import annotations
