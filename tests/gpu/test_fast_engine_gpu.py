@@ -107,25 +107,41 @@ def test_prompt_kernel_matches_the_gathered_path(prompts: list[int], starts: lis
     assert torch.isfinite(out).all()
 
 
-def test_prefill_graphs_match_the_eager_prefill(fast: FastRunner) -> None:
+def test_prefill_graphs_match_the_eager_prefill(model: PreTrainedModel, fast: FastRunner) -> None:
     """A mix of prompts replayed through a captured prefill graph (padded to its bucket) gives
-    the logits of the same prefill run eagerly, and fills the cache the same way."""
+    the logits of the same padded prefill run eagerly and fills the cache the same way; and
+    it is as close to transformers' logits as the unpadded eager prefill (the padded and the
+    unpadded pass differ in GEMM shapes, so in rounding, which this random model amplifies:
+    3.5 % between the two on an H100)."""
     runner = fast
     assert runner.prefill_graphs, "prefill graphs were not captured"
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(7)]
     slots = list(range(7))
-    with torch.inference_mode():
-        graphed = runner.prefill(prompts, slots).clone()
-        cached = runner.caches[0][5][:7].clone()
-        tokens = sum(len(p) for p in prompts)
-        layout = packed_layout(prompts, slots, tokens=tokens, rows=7, scratch_slot=8)
+    tokens = sum(len(p) for p in prompts)
+    bucket = min(b for b in runner.prefill_graphs if b >= tokens)
+    rows = min(bucket, runner.max_batch_size)
+
+    def eager(width: int, keys: int, height: int) -> torch.Tensor:
+        layout = packed_layout(
+            prompts, slots, tokens=width, rows=height, scratch_slot=runner.scratch_slot, keys=keys
+        )
         flat = torch.tensor(layout, device="cuda")
-        eager = runner._mixed_forward(0, PackedPrompts.view(flat, tokens, tokens, 7))
-    error = (graphed - eager).norm(dim=-1) / eager.norm(dim=-1)
+        view = PackedPrompts.view(flat, width, keys, height)
+        return runner._mixed_forward(0, view)[: len(prompts)].float()
+
+    with torch.inference_mode():
+        graphed = runner.prefill(prompts, slots).float().clone()
+        cached = runner.caches[0][5][:7].clone()
+        padded = eager(bucket, 2 * bucket, rows)
+        rewritten = runner.caches[0][5][:7].clone()
+        unpadded = eager(tokens, tokens, len(prompts))
+    error = (graphed - padded).norm(dim=-1) / padded.norm(dim=-1)
     assert (error < 1e-2).all(), error
     lengths = [len(p) for p in prompts]
     for slot, length in enumerate(lengths):
-        assert torch.equal(cached[slot, :, :length], runner.caches[0][5][slot, :, :length])
+        assert torch.equal(cached[slot, :, :length], rewritten[slot, :, :length])
+    reference = torch.stack([hf_logits(model, list(p))[-1] for p in prompts])
+    assert_as_close(graphed, unpadded, reference)
 
 
 def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:

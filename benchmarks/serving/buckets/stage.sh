@@ -8,7 +8,7 @@ set -uo pipefail
 out=${1:-$OUT}
 tok=${TOK:-build/tok}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt"
-pip install -q --no-index --no-deps --target /tmp/site .whl/ts/*.whl 2>&1 | tail -n 2
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/ts/*.whl 2>&1 | tail -n 2
 PYTHONPATH=$PWD/handler:$PWD/loadtest/serving python3 -c "
 from pathlib import Path
 from run_bench import build_model
