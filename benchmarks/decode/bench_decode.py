@@ -169,22 +169,29 @@ def attention_kernels(runner: FastRunner) -> list[str]:
     return sorted(n for n in names if any(k in n.lower() for k in keys))
 
 
+def cuda_kernels(fn: Callable[[], object], width: int = 90) -> dict[str, list[float]]:
+    """Device time (ms) and launches of each CUDA kernel of one ``fn()`` (run once before,
+    to warm up), by name (its first ``width`` characters)."""
+    fn()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals.setdefault(event.name[:width], [0.0, 0])
+            entry[0] += event.device_time_total / 1e3
+            entry[1] += 1
+    return totals
+
+
 def kernel_times(runner: FastRunner, bucket: int, top: int = 12) -> list[dict[str, Any]]:
     """The costliest CUDA kernels of one eager decode step (same kernels as the graph), then
     one row for all of them (``"kernel": "all"``: how many launches, their summed time)."""
     with torch.inference_mode():
         runner.clear()
         runner.positions[:bucket] = 100
-        runner._forward(bucket)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            runner._forward(bucket)
-            torch.cuda.synchronize()
-    totals: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = totals.setdefault(event.name[:90], [0.0, 0])
-            entry[0] += event.device_time_total / 1e3
-            entry[1] += 1
+        totals = cuda_kernels(lambda: runner._forward(bucket))
     ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
     rows = [{"kernel": k, "ms": round(v[0], 3), "calls": int(v[1])} for k, v in ranked]
     every = [sum(v[0] for v in totals.values()), sum(v[1] for v in totals.values())]

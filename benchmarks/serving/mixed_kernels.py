@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_decode import build_model
+from bench_decode import build_model, cuda_kernels
 from flops import bf16_matmul_rate, flops_per_token
 from step_ab import PROMPT, engine
 
@@ -88,21 +88,6 @@ def batch(runner: FastRunner, rows: int, prompts: int) -> tuple[int, int, Packed
     return runner.bucket, chunk, PackedPrompts.view(flat, chunk, width, height), layout
 
 
-def kernels(fn: Callable[[], object]) -> dict[str, list[float]]:
-    """Device time (ms) and launches of each CUDA kernel of one ``fn()``, by name."""
-    fn()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    totals: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = totals.setdefault(event.name[:100], [0.0, 0])
-            entry[0] += event.device_time_total / 1e3
-            entry[1] += 1
-    return totals
-
-
 def measure(
     runner: FastRunner, rows: int, prompts: int, flops: float, rate: float, top: int
 ) -> dict[str, Any]:
@@ -112,7 +97,7 @@ def measure(
         runner.prefill_inputs[: len(layout)].copy_(pinned(layout, torch.int64))
         graph = runner.mixed_graphs[bucket, chunk]
         mixed_ms = timed_ms(graph.replay)
-        totals = kernels(lambda: runner._mixed_forward(bucket, view))
+        totals = cuda_kernels(lambda: runner._mixed_forward(bucket, view), width=100)
         runner.clear()
     by_kind: dict[str, list[float]] = {}
     for name, (ms, calls) in totals.items():
