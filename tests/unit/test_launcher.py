@@ -173,3 +173,50 @@ def test_start_passes_our_log_config_unless_the_config_names_one(
     own = "-Xmx2g -Dlog4j.configurationFile=file:///etc/mine.xml"
     launcher.start(config, tmp_path / "b", overrides={"vmargs": own})
     assert "--log-config" not in commands[-1]
+
+
+def test_torchserve_runs_in_this_interpreter_when_it_can_import_it() -> None:
+    """TorchServe's CLI gives the workers its own interpreter: run by this one, they find
+    torch and this package whatever ``torchserve`` script comes first on PATH."""
+    assert launcher.torchserve_command() == [sys.executable, "-m", "ts.model_server"]
+
+
+def _script(path: Path, first_line: str) -> Path:
+    path.write_text(f"{first_line}\nfrom ts.model_server import start\nstart()\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("shebang", "warned"),
+    [
+        ("#!/opt/other/bin/python3.9", True),
+        ("#!{this}", False),
+        ("#!/usr/bin/env -S {name}", False),
+        ("no interpreter line", False),
+    ],
+)
+def test_a_torchserve_script_of_another_interpreter_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    shebang: str,
+    warned: bool,
+) -> None:
+    """Without TorchServe importable here, the script on PATH runs, with a warning when its
+    interpreter (whose workers would lack torch) is not this one."""
+    this = Path(sys.executable)
+    monkeypatch.setattr(launcher.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(launcher.sys, "executable", str(tmp_path / "venv" / "python"))
+    (tmp_path / "venv").mkdir()
+    (tmp_path / "venv" / "python").symlink_to(this)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    line = shebang.format(this=tmp_path / "venv" / "python", name="python")
+    script = _script(bin_dir / "torchserve", line)
+    (bin_dir / "python").symlink_to(tmp_path / "venv" / "python")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert launcher.torchserve_command() == [str(script)]
+    err = capsys.readouterr().err
+    assert ("/opt/other/bin/python3.9" in err) is warned
+    assert ("not importable" in err) is warned

@@ -10,6 +10,7 @@ failing when the server dies or the time runs out.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -184,8 +185,44 @@ def _is_web(pid: int) -> bool:
 
 
 def torchserve_command() -> list[str]:
+    """TorchServe's command line, run by this interpreter when it can import TorchServe.
+
+    TorchServe's CLI hands the front end its own interpreter (``sys.executable``) for the
+    workers: a ``torchserve`` script installed by another Python's pip (a bare ``pip`` that is
+    not ``python3``'s) would start workers without torch or this package, which then die at
+    once and are restarted for ever. Without TorchServe importable here, the script beside
+    this interpreter or on PATH, with a warning when its interpreter is another one.
+    """
+    if importlib.util.find_spec("ts") is not None:
+        return [sys.executable, "-m", "ts.model_server"]
     beside = Path(sys.executable).parent / "torchserve"
-    return [str(beside)] if beside.exists() else [shutil.which("torchserve") or "torchserve"]
+    script = str(beside) if beside.exists() else shutil.which("torchserve")
+    if script is None:
+        return ["torchserve"]  # fails to start, and the caller says so
+    interpreter = _script_interpreter(Path(script))
+    if interpreter and Path(interpreter).resolve() != Path(sys.executable).resolve():
+        print(
+            f"hymt: TorchServe is not importable by {sys.executable}; its workers will run in "
+            f"{interpreter} (the interpreter of {script}), which needs torch and this package",
+            file=sys.stderr,
+        )
+    return [script]
+
+
+def _script_interpreter(script: Path) -> str | None:
+    """The interpreter named by a console script's ``#!`` line (None when there is none)."""
+    try:
+        with script.open("rb") as handle:
+            first = handle.readline(4096).decode("utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    parts = first[2:].split()
+    if parts and Path(parts[0]).name == "env":  # #!/usr/bin/env [-S] python3
+        named = [part for part in parts[1:] if not part.startswith("-")]
+        return shutil.which(named[0]) if named else None
+    return parts[0] if parts else None
 
 
 def start(
