@@ -6,6 +6,7 @@ serve."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -62,6 +63,27 @@ def test_bad_handler_setting_fails_start_with_its_message(
     assert f"{message}, got -5" in run.stderr
     assert time.monotonic() - began < 120  # gave up on its own, long before the timeout
     assert Server((tmp_path / "run").resolve()).pid() is None  # and stopped TorchServe
+
+
+def test_workers_without_torch_fail_start_with_the_missing_module(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Workers whose Python cannot import torch (as when TorchServe ran from another Python's
+    script) die at start, each restart the same way; in async mode TorchServe logs no failed
+    load, so the start reads the import error and gives up at once."""
+    shadow = tmp_path / "shadow" / "torch"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    command = _start_command(tiny_model_dir, tmp_path, ASYNC)
+    path = os.pathsep.join(filter(None, [str(shadow.parent), os.environ.get("PYTHONPATH")]))
+    began = time.monotonic()
+    run = subprocess.run(
+        command, capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": path}
+    )
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "the workers die at start: ModuleNotFoundError: No module named 'torch'" in run.stderr
+    assert time.monotonic() - began < 120
+    assert Server((tmp_path / "run").resolve()).pid() is None
 
 
 def _wait_for(condition: Any, timeout: float) -> bool:

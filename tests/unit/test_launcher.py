@@ -13,7 +13,7 @@ from hymt_serve.ops.archive import parse_override, render_model_config
 from hymt_serve.ops.launcher import Server
 from hymt_serve.ops.properties import render_properties
 from hymt_serve.ops.server_cli import model_names as _model_names
-from hymt_serve.ops.server_logs import LOG_CONFIG, setting_refused
+from hymt_serve.ops.server_logs import LOG_CONFIG, import_failed, setting_refused
 
 
 def test_render_properties_resolves_relative_paths_and_applies_overrides(tmp_path: Path) -> None:
@@ -220,3 +220,43 @@ def test_a_torchserve_script_of_another_interpreter_is_named(
     err = capsys.readouterr().err
     assert ("/opt/other/bin/python3.9" in err) is warned
     assert ("not importable" in err) is warned
+
+
+# Lines of a real start whose workers' Python lacked torch (TorchServe 0.12.0, async mode)
+DIED = (
+    "[WARN ] W-9001-hunyuan-mt_1.0-stderr MODEL_LOG - ModuleNotFoundError: No module named 'torch'"
+)
+ENDED = (
+    "[ERROR] W-9001-hunyuan-mt_1.0 org.pytorch.serve.wlm.AsyncWorkerThread - Backend worker "
+    "error\norg.pytorch.serve.wlm.WorkerInitializationException: Backend stream closed."
+)
+
+
+def test_workers_dying_of_an_import_error_end_the_wait(tmp_path: Path) -> None:
+    """Each restart of a worker whose Python lacks a package dies the same way: the second
+    death ends the start with the missing module named, not a wait for the whole timeout."""
+    logs = tmp_path / "logs"
+    assert import_failed(logs) is None  # no logs yet
+    logs.mkdir()
+    model_log, ts_log = logs / "model_log.log", logs / "ts_log.log"
+    model_log.write_text(f"2026-12-05T12:36:29,612 {DIED}\n" * 2)  # written twice, as there
+    ts_log.write_text(f"2026-12-05T12:36:29,625 {ENDED}\n")
+    assert import_failed(logs) is None  # one death so far
+    with model_log.open("a") as out:
+        out.write(f"2026-12-05T12:36:30,746 {DIED}\n")
+    assert import_failed(logs) is None  # the front end has not yet logged the second
+    with ts_log.open("a") as out:
+        out.write(f"2026-12-05T12:36:30,762 {ENDED}\n")
+    assert import_failed(logs) == "ModuleNotFoundError: No module named 'torch'"
+
+
+def test_an_import_traceback_that_workers_survive_is_no_failure(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "model_log.log").write_text(
+        "".join(
+            f"2026-12-05T12:36:2{i},612 {DIED.replace('9001', str(9000 + i))}\n" for i in range(3)
+        )
+    )
+    (logs / "ts_log.log").write_text("2026-12-05T12:36:40,000 [INFO ] W-9000 - READY\n")
+    assert import_failed(logs) is None

@@ -33,6 +33,7 @@ from hymt_serve.ops.properties import read_properties, render_config, write_prop
 from hymt_serve.ops.server_logs import (
     GIVE_UP_AFTER,
     LOG_CONFIG,
+    import_failed,
     load_failures,
     log_excerpt,
     setting_refused,
@@ -348,6 +349,11 @@ def wait_ready(
         if refused := setting_refused(server.log_dir):
             raise LaunchError(
                 f"a worker refused its settings: {refused}\n{log_excerpt(server.log_dir)}"
+            )
+        if missing := import_failed(server.log_dir):
+            raise LaunchError(
+                f"the workers die at start: {missing} (their Python is TorchServe's; "
+                f"install the package there)\n{log_excerpt(server.log_dir)}"
             )
         time.sleep(0.5)
     raise LaunchError(

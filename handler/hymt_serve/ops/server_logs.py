@@ -1,6 +1,6 @@
 """What ``hymt start`` gives TorchServe's logging, and what it reads back from the logs: the
-front end's log configuration, failed loads, a refused setting, the lines worth showing when
-a start fails."""
+front end's log configuration, failed loads, a refused setting, workers dying of an import
+error, the lines worth showing when a start fails."""
 
 from __future__ import annotations
 
@@ -34,6 +34,32 @@ def setting_refused(log_dir: Path) -> str | None:
         return None
     found = _REFUSED.findall(path.read_text(encoding="utf-8", errors="replace"))
     return found[-1].strip() if found else None
+
+
+# The last line of a worker's traceback on its stderr, and the front end's word that a worker
+# process ended (async mode; sync mode logs a failed load, which load_failures counts).
+_IMPORT_FAILED = re.compile(r"-stderr MODEL_LOG - ((?:ModuleNotFoundError|ImportError): .*)$")
+_WORKER_ENDED = ("Backend worker error", "Backend worker process died")
+
+
+def import_failed(log_dir: Path) -> str | None:
+    """The import error that workers die of, once it has ended workers GIVE_UP_AFTER times
+    (each restart dies the same way: a package missing from the workers' Python does not
+    heal); None otherwise. A traceback some library prints and survives does not count: the
+    front end must also have logged as many workers ending."""
+    model_log, ts_log = log_dir / "model_log.log", log_dir / "ts_log.log"
+    if not (model_log.is_file() and ts_log.is_file()):
+        return None
+    failed: dict[str, set[str]] = {}
+    for line in model_log.read_text(encoding="utf-8", errors="replace").splitlines():
+        if found := _IMPORT_FAILED.search(line):
+            failed.setdefault(found.group(1).strip(), set()).add(line)
+    if not failed:
+        return None
+    lines = ts_log.read_text(encoding="utf-8", errors="replace").splitlines()
+    ended = len({line for line in lines if any(text in line for text in _WORKER_ENDED)})
+    message, seen = max(failed.items(), key=lambda item: len(item[1]))
+    return message if min(len(seen), ended) >= GIVE_UP_AFTER else None
 
 
 def log_excerpt(log_dir: Path, lines: int = 40) -> str:
