@@ -16,6 +16,8 @@ Each run is ``FORM:VARIANT``. A variant is ``base`` (the engine as it is) or cha
   ``INT8_ROW_SHAPE_CONFIGS``); ``int8_shape=OUTxIN:B_M,...``: one shape's entry there;
 - ``qkv=one``: q, k and v written by one compiled kernel (``qkv_one_kernel``, tried on
   2026-12-04 and not kept: benchmarks/decode/quantized/qkv-one-kernel/);
+- ``norms16=off``: int8 products take the norms' outputs as bf16, as before 2026-12-05
+  (``fast.FP16_NORM_INPUTS``; on, they take them as fp16);
 - ``split_sums=N``: the step functions' ``unroll_reductions_threshold``
   (``model.SPLIT_SUMS_READ``: sums over fewer than N splits are read by the next kernel
   instead of running as a kernel of their own).
@@ -46,7 +48,7 @@ from typing import Any
 import torch
 from bench_decode import _ids, build_model, graph_step_ms, prompts
 
-from hymt_serve.engine import attention
+from hymt_serve.engine import attention, fast
 from hymt_serve.engine import model as step_model
 from hymt_serve.engine import weight_only as wo
 from hymt_serve.engine.fast import build_fast_runner
@@ -97,6 +99,7 @@ def applied(variant: str) -> Iterator[None]:
         dict(wo.INT8_ROW_SHAPE_CONFIGS),
         step_model.SPLIT_SUMS_READ,
         step_model.qkv_step,
+        fast.FP16_NORM_INPUTS,
     )
     try:
         for change in [] if variant == "base" else variant.split("+"):
@@ -122,6 +125,8 @@ def applied(variant: str) -> Iterator[None]:
                 step_model.qkv_step = qkv_one_kernel
             elif key == "split_sums":
                 step_model.SPLIT_SUMS_READ = int(value)
+            elif key == "norms16" and value == "off":
+                fast.FP16_NORM_INPUTS = False
             else:
                 raise ValueError(f"unknown change {change!r}")
         yield
@@ -135,6 +140,7 @@ def applied(variant: str) -> Iterator[None]:
         wo.INT8_ROW_SHAPE_CONFIGS.update(saved[5])
         step_model.SPLIT_SUMS_READ = saved[6]
         step_model.qkv_step = saved[7]
+        fast.FP16_NORM_INPUTS = saved[8]
 
 
 def engine(checkpoint: Path, form: str, variant: str, batch: int, length: int) -> FastRunner:

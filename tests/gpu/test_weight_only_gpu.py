@@ -11,6 +11,7 @@ from runner_helpers import against_unquantized
 from test_fast_engine_gpu import PROMPTS
 
 from hymt_serve.engine import weight_only
+from hymt_serve.engine.model import rms_norm
 from hymt_serve.engine.quantized import QUANTIZERS
 from hymt_serve.ops.tiny_model import random_7b_model
 
@@ -47,6 +48,28 @@ def test_int8_with_fp16_inputs_matches_the_reference(rows: int) -> None:
     reference = weight_only.reference(x.float(), q, scale)
     assert ours.dtype == torch.float16
     assert (ours.float() - reference).norm() / reference.norm() < 1e-2
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("shape", [(6144, 4096), (28672, 4096), (128256, 4096)])
+def test_int8_takes_a_norms_bf16_output_as_fp16_with_the_same_sums(
+    rows: int, shape: tuple[int, int]
+) -> None:
+    """fits_fp16 (a norm's output, ModelShape.norms_fit_fp16): one row takes the same values
+    as fp16 on the same tiles, so the same sums to fp32 rounding (only inputs under 2^-14 lose
+    bits); more rows stay bf16."""
+    torch.manual_seed(rows)
+    q, scale = QUANTIZERS["int8"](torch.randn(*shape, device="cuda") * 0.02)
+    hidden = torch.randn(rows, shape[1], device="cuda", dtype=torch.bfloat16) * 30
+    x = rms_norm(hidden, torch.rand(shape[1], device="cuda", dtype=torch.bfloat16) * 4, 1e-5)
+    as_fp16 = weight_only.linear(x, q, scale, fits_fp16=True)
+    as_bf16 = weight_only.linear(x, q, scale)
+    reference = weight_only.reference(x.float(), q, scale)
+    assert as_fp16.dtype == torch.bfloat16 and as_fp16.shape == (rows, shape[0])
+    assert (as_fp16.float() - reference).norm() / reference.norm() < 1e-2
+    assert (as_fp16.float() - as_bf16.float()).norm() / as_bf16.float().norm() < 1e-3
+    if rows > 1:
+        assert torch.equal(as_fp16, as_bf16)
 
 
 @pytest.mark.parametrize("shape", [(6144, 4096), (4096, 14336), (128256, 4096), (200, 384)])

@@ -7,8 +7,9 @@ import torch
 from runner_helpers import generate, scheduler_for, teacher_forced_logits
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
+from hymt_serve.engine import fast as fast_module
 from hymt_serve.engine import model as step
-from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
+from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner, norms_fit_fp16
 from hymt_serve.engine.inputs import max_blocks, packed_layout, prompt_blocks
 from hymt_serve.engine.prefill import PREFILL_TOKENS
 from hymt_serve.engine.runner import FastRunner
@@ -273,6 +274,7 @@ def test_describe_on_cpu(fast: FastRunner) -> None:
     assert info["attention_kernel"] == "torch_reference"
     assert info["prompt_attention_kernel"] == "gathered_sdpa"
     assert info["buckets"] == [1, 2, 4]
+    assert info["norms_fit_fp16"] is True
 
 
 def test_odd_vocabulary_is_padded_without_changing_tokens() -> None:
@@ -304,3 +306,35 @@ def test_the_step_functions_compile_reading_split_sums_in_the_next_kernel(
     assert len(seen) == 3, seen
     assert all(o == {"unroll_reductions_threshold": step.SPLIT_SUMS_READ} for o in seen), seen
     assert step.SPLIT_SUMS_READ > 8
+
+
+def test_a_norm_output_stays_within_sqrt_hidden_times_its_largest_weight() -> None:
+    """The bound behind ModelShape.norms_fit_fp16: RMSNorm's normalised input has no element
+    above sqrt(hidden) in size; an input with one nonzero element reaches it."""
+    hidden = 64
+    weight = torch.linspace(-3.0, 2.0, hidden)
+    bound = hidden**0.5 * 3.0
+    one_hot = torch.zeros(1, hidden)
+    one_hot[0, 0] = 1e4  # the element under weight -3
+    assert step.rms_norm(one_hot, weight, 1e-5).abs().max() == pytest.approx(bound, rel=1e-4)
+    torch.manual_seed(0)
+    spiky = torch.randn(256, hidden) * torch.rand(256, hidden) ** 8 * 1e3
+    assert step.rms_norm(spiky, weight, 1e-5).abs().max() <= bound
+
+
+def test_norms_fit_fp16_from_the_largest_norm_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model()
+    assert norms_fit_fp16(model)  # norm weights of 1
+    limit = torch.finfo(torch.float16).max / model.config.hidden_size**0.5
+    norm = model.model.layers[1].post_attention_layernorm.weight
+    with torch.no_grad():
+        norm[5] = -limit  # the output could reach fp16's largest value: no headroom left
+    assert not norms_fit_fp16(model)
+    with torch.no_grad():
+        norm[5] = 0.98 * limit
+    assert norms_fit_fp16(model)
+    with torch.no_grad():
+        model.model.norm.weight[0] = 1.1 * limit  # the final norm feeds the LM head
+    assert not norms_fit_fp16(model)
+    monkeypatch.setattr(fast_module, "FP16_NORM_INPUTS", False)
+    assert not norms_fit_fp16(tiny_model())

@@ -187,7 +187,27 @@ def check_model(model: nn.Module) -> ModelShape:
         head_dim=model.model.layers[0].self_attn.head_dim,  # type: ignore[union-attr,index]
         eps=float(config.rms_norm_eps),  # type: ignore[union-attr]
         vocab=config.vocab_size,  # type: ignore[union-attr]
+        norms_fit_fp16=norms_fit_fp16(model),
     )
+
+
+FP16_NORM_INPUTS = True  # benchmarks/decode/step_ab.py turns it off to compare
+
+
+def norms_fit_fp16(model: nn.Module) -> bool:
+    """Whether every norm that feeds a projection (each layer's two, the final one) has an
+    output that fits fp16. RMSNorm divides by the root mean square, so no element of its
+    normalised input exceeds sqrt(hidden) in size (one element holding all of the sum), and
+    the output is at most sqrt(hidden) * max |g|; 1 % of headroom covers the bf16 rounding of
+    the product. With 4,096 hidden units that is any norm weight under about 1,013."""
+    if not FP16_NORM_INPUTS:
+        return False
+    core: Any = model.model
+    norms: list[torch.Tensor] = [core.norm.weight]
+    for layer in core.layers:
+        norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+    largest = max(float(w.detach().abs().max()) for w in norms)
+    return bool(largest * norms[0].numel() ** 0.5 * 1.01 < torch.finfo(torch.float16).max)
 
 
 def _check_tensors(model: nn.Module) -> None:

@@ -68,7 +68,8 @@ def qkv_step(
     q's and k's heads lie side by side in the fused projection's output, so RoPE and the norm
     run over them as one ``[N, H + KVH, D]`` tensor, each head scaled by its own kind's norm
     weight: the same values as two passes, and one kernel instead of two when compiled."""
-    qkv = linear(rms_norm(x, lw.input_norm, shape.eps), lw.qkv, lw.qkv_scale, lw.qkv_input)
+    normed = rms_norm(x, lw.input_norm, shape.eps)
+    qkv = linear(normed, lw.qkv, lw.qkv_scale, lw.qkv_input, fits_fp16=shape.norms_fit_fp16)
     heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.head_dim
     qk = qkv[:, : (heads + kv_heads) * dim].view(-1, heads + kv_heads, dim)
     v = qkv[:, (heads + kv_heads) * dim :].view(-1, kv_heads, dim)
@@ -77,18 +78,24 @@ def qkv_step(
     return qk[:, :heads], qk[:, heads:], v
 
 
-def output_step(attn: Tensor, residual: Tensor, lw: LayerWeights, eps: float) -> Tensor:
+def output_step(attn: Tensor, residual: Tensor, lw: LayerWeights, shape: ModelShape) -> Tensor:
     """Attention output ``[N, H*D]`` + residual -> the layer's output ``[N, hidden]``."""
     x = residual + linear(attn, lw.o, lw.o_scale, lw.o_input)
-    normed = rms_norm(x, lw.post_norm, eps)
-    gate, up = linear(normed, lw.gate_up, lw.gate_up_scale, lw.gate_up_input).chunk(2, dim=-1)
+    normed = rms_norm(x, lw.post_norm, shape.eps)
+    gate_up = linear(
+        normed, lw.gate_up, lw.gate_up_scale, lw.gate_up_input, fits_fp16=shape.norms_fit_fp16
+    )
+    gate, up = gate_up.chunk(2, dim=-1)
     return x + linear(F.silu(gate) * up, lw.down, lw.down_scale, lw.down_input)
 
 
 def logits_step(x: Tensor, norm: Tensor, head: tuple[Tensor, ...], shape: ModelShape) -> Tensor:
     """Hidden states ``[N, hidden]`` -> fp32 logits ``[N, vocab]`` (padding rows cut off);
     ``head`` is the LM head's weight, scale and input scale (see :func:`linear`)."""
-    return linear(rms_norm(x, norm, shape.eps), *head)[:, : shape.vocab].float()
+    weight, scale, input_scale = head
+    normed = rms_norm(x, norm, shape.eps)
+    logits = linear(normed, weight, scale, input_scale, fits_fp16=shape.norms_fit_fp16)
+    return logits[:, : shape.vocab].float()
 
 
 @dataclass(frozen=True)
@@ -112,14 +119,14 @@ def make_step_functions(shape: ModelShape, compile_: bool) -> StepFunctions:
         attn: Tensor, residual: Tensor, cos: Tensor, sin: Tensor, *lws: Tensor
     ) -> tuple[Tensor, ...]:
         done, following = LayerWeights(*lws[:LAYER_TENSORS]), LayerWeights(*lws[LAYER_TENSORS:])
-        x = output_step(attn.flatten(1), residual, done, shape.eps)
+        x = output_step(attn.flatten(1), residual, done, shape)
         q, k, v = qkv_step(x, following, cos, sin, shape)
         return q, k, v, x
 
     def last(
         attn: Tensor, residual: Tensor, norm: Tensor, *head_lw: Tensor
     ) -> Tensor:  # head_lw: the LM head's three tensors, then the last layer's
-        x = output_step(attn.flatten(1), residual, LayerWeights(*head_lw[3:]), shape.eps)
+        x = output_step(attn.flatten(1), residual, LayerWeights(*head_lw[3:]), shape)
         return logits_step(x, norm, head_lw[:3], shape)
 
     if not compile_:

@@ -39,7 +39,9 @@ def unit_scale(device: torch.device) -> Tensor:
     return _UNIT[device]
 
 
-def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor) -> Tensor:
+def linear(
+    x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor, fits_fp16: bool = False
+) -> Tensor:
     """``x @ weight.T`` for a plain weight (one row of it on CUDA in the tiled weight-only
     kernel, :func:`~hymt_serve.engine.weight_only.plain_row`), on FP8 tensor cores for an e4m3
     one, and in the weight-only kernel (:mod:`hymt_serve.engine.weight_only`) for int8 and int4
@@ -62,10 +64,11 @@ def linear(x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor)
     (benchmarks/decode/weight_only_gemm.py), and e4m3 tiles on FP8 tensor cores in that
     kernel 1.23 x ``_scaled_mm``'s time at one row (benchmarks/decode/fp8_row.py). Off CUDA
     the same numbers go through a dequantized fp32 product (the reference the tests hold the
-    kernels to).
+    kernels to). ``fits_fp16``: ``x`` is a norm's output whose values fit fp16
+    (``ModelShape.norms_fit_fp16``), which int8 weight-only products then take as fp16.
     """
     if weight.dtype in (torch.int8, torch.int32):
-        return weight_only.linear(x, weight, weight_scale)
+        return weight_only.linear(x, weight, weight_scale, fits_fp16)
     if weight.dtype != FP8:
         if weight_only.plain_row_applies(x, weight):
             return weight_only.plain_row(x, weight)

@@ -243,6 +243,8 @@ class FastRunner(PackedPrefill):
             "mixed_tokens": self.mixed_tokens,
             "mixed_graphs": len(self.mixed_graphs),
             "recorded_graphs": len(self.recorded_graphs),
+            # whether int8 products take the norms' outputs as fp16 (ModelShape.norms_fit_fp16)
+            "norms_fit_fp16": self.shape.norms_fit_fp16,
             **self.weights.describe(),
             **(self.prefixes.describe() if self.prefixes is not None else {"prefix_entries": 0}),
             **{k: round(v, 2) for k, v in self.timings.items()},

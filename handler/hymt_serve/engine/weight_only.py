@@ -219,10 +219,18 @@ def splits_for(weight: Tensor, config: Config) -> int:
     return splits
 
 
-def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+def linear(x: Tensor, weight: Tensor, scale: Tensor, fits_fp16: bool = False) -> Tensor:
     """``x @ dequantize(weight, scale).T`` in ``x``'s dtype: the kernel on CUDA, else the
     reference. Inside a compiled function int8's scale and sum over splits (and int4's sum at
-    one row) fuse into the kernel that follows."""
+    one row) fuse into the kernel that follows.
+
+    ``fits_fp16``: the caller knows that bf16 ``x`` fits fp16 (a norm's output,
+    ``ModelShape.norms_fit_fp16``). int8's one row then multiplies it as fp16: the same values
+    (fp16 holds every bf16 value of that size exactly, but those under 2^-14, whose part of
+    the sums is below their rounding), and the kernel widens its weights by ``int8_as_fp16``.
+    The cast fuses into the norm's kernel, which writes fp16 instead of bf16. The batch-1 step
+    of int8 + head took 0.992 x the time on an H100; at 64 rows fp16 inputs took 1.005 x, so
+    more rows stay bf16 (benchmarks/decode/quantized/fp16-norms/)."""
     kind = kind_of(weight)
     assert kind is not None, weight.dtype
     if not kernel_available(x) or (kind == INT4 and in_features(weight) // scale.shape[1] % 128):
@@ -237,6 +245,9 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     # few-rows tiles: for a 7B's projections and head the same as the many-rows tiles' would
     # be), so a step compiled with a symbolic batch (2 or more) needs no guard on it; the
     # kernel's tiles are picked inside the op.
+    dtype = x.dtype
+    if fits_fp16 and kind == INT8 and dtype == torch.bfloat16 and x.shape[0] == 1:
+        x = x.to(torch.float16)
     one_row = config_for(kind, 1, x.dtype, shape_of(weight))
     config = one_row if x.shape[0] == 1 else FEW_ROWS_CONFIGS[kind]
     splits = splits_for(weight, config)
@@ -244,7 +255,7 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     out = _summed(parts)
     if kind == INT8:
         out = out * scale
-    return out.to(x.dtype)
+    return out.to(dtype)
 
 
 @torch.library.custom_op("hymt::weight_only", mutates_args=())

@@ -65,6 +65,10 @@ class ModelShape:
     head_dim: int
     eps: float
     vocab: int
+    # Whether a norm's output fits fp16: |rms_norm(x) * g| <= sqrt(hidden) * max |g| for every
+    # norm that feeds a projection (fast.norms_fit_fp16). Then int8 weight-only products take
+    # those inputs as fp16, the same values, and widen their weights in fewer instructions.
+    norms_fit_fp16: bool = False
 
     @property
     def scale(self) -> float:
