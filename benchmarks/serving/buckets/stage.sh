@@ -7,12 +7,7 @@
 set -uo pipefail
 out=${1:-$OUT}
 tok=${TOK:-build/tok}
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/ts/*.whl 2>&1 | tail -n 2
-PYTHONPATH=$PWD/handler:$PWD/loadtest/serving python3 -c "
-from pathlib import Path
-from run_bench import build_model
-print(build_model(Path('/tmp/hymt-7b'), Path('$tok'), False))"
+source benchmarks/serving/buckets/stage_ts.sh
 PYTHONPATH=handler PYTHONUNBUFFERED=1 timeout 240 python3 benchmarks/serving/engine_ab.py \
   --tokenizer "$tok" --out "$out/engine" --slots 256 --users 1,256 --rounds 3 --duration 5 \
   --variants lookahead=2+retire=0 retire=0 base 2>&1 | tee "$out/engine.log" | grep "^|"

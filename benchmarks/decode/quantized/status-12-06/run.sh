@@ -7,12 +7,7 @@
 set -uo pipefail
 out=${1:-$OUT}
 tok=${TOK:-build/tok}
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/ts/*.whl 2>&1 | tail -n 2
-PYTHONPATH=$PWD/handler:$PWD/loadtest/serving python3 -c "
-from pathlib import Path
-from run_bench import build_model
-print(build_model(Path('/tmp/hymt-7b'), Path('$tok'), False))"
+source benchmarks/serving/buckets/stage_ts.sh
 PYTHONPATH=handler:benchmarks/decode PYTHONUNBUFFERED=1 timeout 330 python3 \
   benchmarks/decode/step_ab.py --out "$out/step" --batches 1 --turns 7 \
   --runs none:base int8+head:base int8+head:norms16=off int4+head:base 2>&1 \
