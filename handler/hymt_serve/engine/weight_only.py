@@ -229,8 +229,9 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor, fits_fp16: bool = False) ->
     (fp16 holds every bf16 value of that size exactly, but those under 2^-14, whose part of
     the sums is below their rounding), and the kernel widens its weights by ``int8_as_fp16``.
     The cast fuses into the norm's kernel, which writes fp16 instead of bf16. The batch-1 step
-    of int8 + head took 0.990-0.992 x the time on an H100; at 64 rows fp16 inputs took 1.005 x, so
-    more rows stay bf16 (benchmarks/decode/quantized/fp16-norms/)."""
+    of int8 + head took 0.990-0.994 x the time in three calls on H100s; at 64 rows fp16 inputs
+    took 1.005 x, so more rows stay bf16 (benchmarks/decode/quantized/fp16-norms/,
+    status-12-06/)."""
     kind = kind_of(weight)
     assert kind is not None, weight.dtype
     if not kernel_available(x) or (kind == INT4 and in_features(weight) // scale.shape[1] % 128):
