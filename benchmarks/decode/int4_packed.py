@@ -67,7 +67,7 @@ def bf16x2_scalar(
         pair = (xa.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (
             xb.to(tl.int16, bitcast=True).to(tl.int32) << 16
         )
-        acc = bf16x2_step(packed >> (4 * j), pair, minus, acc)
+        acc = bf16x2_step(packed >> (4 * j), pair[:, None], minus, acc)
     low = (acc << 16).to(tl.float32, bitcast=True)
     high = (acc & -65536).to(tl.float32, bitcast=True)
     return (low + high) * scale[None, :]

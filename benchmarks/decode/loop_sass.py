@@ -2,10 +2,11 @@
 (sm_90) without a GPU: Triton compiles, its bundled ``nvdisasm`` disassembles, and this counts
 the longest loop's instructions by opcode (barriers and shared memory too).
 
-The kernel of ``int4_packed.py`` (its modes, on the engine's one-row tiles) and the engine's
-own ``one_row_kernel`` for bf16 and fp16 inputs. The pointers and sizes are marked divisible
-by 16, as Triton marks a 7B's on the GPU (without it the loads do not vectorise and the counts
-mean nothing).
+The kernel of ``int4_packed.py`` (its modes, on the one-row tiles of the [words, columns]
+kernel) and the engine's own ``one_row_kernel`` for bf16 inputs (the words tile, the engine's
+before the chain kernel, which ``int4_chain.py --sass`` counts) and fp16 inputs. The pointers
+and sizes are marked divisible by 16, as Triton marks a 7B's on the GPU (without it the loads
+do not vectorise and the counts mean nothing).
 
     PYTHONPATH=handler:benchmarks/decode python benchmarks/decode/loop_sass.py [--out DIR]
 """
@@ -34,6 +35,7 @@ ARGS = {
     "x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32",
     "N": "i32", "K": "i32", "stride_xm": "i32",
 }  # fmt: skip
+WORDS_TILE = wo.Config(1, 128, 32, 1, 1, 1056)  # one_row_kernel's bf16 tile (int4_bf16x2)
 DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "out_ptr", "N", "K", "stride_xm", "SPAN")
 
 
@@ -71,7 +73,7 @@ def main() -> None:
     results = []
     row_args = {**ARGS, "GROUP": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
     row_args |= {"SPAN": "i32", "MODE": "constexpr", "AHEAD": "constexpr"}
-    for config in (wo.Config(1, 64, 128, 2, 1, 1056), wo.ONE_ROW_CONFIGS[wo.INT4]):
+    for config in (wo.Config(1, 64, 128, 2, 1, 1056), WORDS_TILE):
         for name, mode in MODES.items():
             constants = {"GROUP": 128, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
             kernel = compiled(
@@ -86,7 +88,7 @@ def main() -> None:
     engine_args |= {"BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "SPAN": "i32"}
     engine_args |= {"BF16_PAIRS": "constexpr"}
     for dtype, config in (
-        ("bf16", wo.config_for(wo.INT4, 1)),
+        ("bf16", WORDS_TILE),
         ("fp16", wo.FP16_ONE_ROW_CONFIGS[wo.INT4]),
     ):
         constants = {"KIND": wo.INT4, "GROUP": 128, "BLOCK_M": 1, "BLOCK_N": config.block_n}

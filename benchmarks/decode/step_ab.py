@@ -18,6 +18,9 @@ Each run is ``FORM:VARIANT``. A variant is ``base`` (the engine as it is) or cha
   2026-12-04 and not kept: benchmarks/decode/quantized/qkv-one-kernel/);
 - ``norms16=off``: int8 products take the norms' outputs as bf16, as before 2026-12-05
   (``fast.FP16_NORM_INPUTS``; on, they take them as fp16);
+- ``int4_row=words``: int4's one row with bf16 inputs in one_row_kernel's ``[words,
+  columns]`` tile (``weight_only.INT4_BF16_ROW``, before 2026-12-06 the engine's; give it its
+  tiles too: ``int4=1,128,32,1,1,1056``); the engine's is ``chain``;
 - ``split_sums=N``: the step functions' ``unroll_reductions_threshold``
   (``model.SPLIT_SUMS_READ``: sums over fewer than N splits are read by the next kernel
   instead of running as a kernel of their own).
@@ -100,6 +103,7 @@ def applied(variant: str) -> Iterator[None]:
         step_model.SPLIT_SUMS_READ,
         step_model.qkv_step,
         fast.FP16_NORM_INPUTS,
+        wo.INT4_BF16_ROW,
     )
     try:
         for change in [] if variant == "base" else variant.split("+"):
@@ -125,6 +129,8 @@ def applied(variant: str) -> Iterator[None]:
                 step_model.qkv_step = qkv_one_kernel
             elif key == "split_sums":
                 step_model.SPLIT_SUMS_READ = int(value)
+            elif key == "int4_row" and value in wo.INT4_BF16_ROWS:
+                wo.INT4_BF16_ROW = value
             elif key == "norms16" and value == "off":
                 fast.FP16_NORM_INPUTS = False
             else:
@@ -141,6 +147,7 @@ def applied(variant: str) -> Iterator[None]:
         step_model.SPLIT_SUMS_READ = saved[6]
         step_model.qkv_step = saved[7]
         fast.FP16_NORM_INPUTS = saved[8]
+        wo.INT4_BF16_ROW = saved[9]
 
 
 def engine(checkpoint: Path, form: str, variant: str, batch: int, length: int) -> FastRunner:

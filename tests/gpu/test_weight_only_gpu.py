@@ -38,6 +38,41 @@ def test_the_kernel_matches_the_dequantized_reference(
     assert error < 1e-2  # bf16 output rounding and the accumulation order
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        weight_only.Config(1, 128, 32, 1, 1, 2112),  # one warp, a stream of 4 words
+        weight_only.Config(1, 128, 512, 8, 1, 256),  # eight streams of 8 words, two chains
+        weight_only.Config(1, 256, 256, 4, 1, 132),  # 8 words a stream, two chains
+    ],
+)
+@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 14336), (200, 384)])
+def test_int4_s_chain_kernel_matches_the_reference_on_each_tile(
+    config: weight_only.Config, shape: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """int4_chain_kernel on tiles of one and more warps (streams), rows of a strided input,
+    and a weight smaller than one block (384 inputs against 512: masked streams): within the
+    bound of the product through linear, and not further from the reference than the
+    [words, columns] tile it replaced by more than the chains' bf16 rounding allows."""
+    torch.manual_seed(shape[0])
+    q, scale = QUANTIZERS["int4"](torch.randn(*shape, device="cuda") * 0.02)
+    x = torch.randn(3, shape[1] + 2, device="cuda", dtype=torch.bfloat16)[:, 2:]
+    group = shape[1] // scale.shape[1]
+    splits = weight_only.splits_for(q, config)
+    parts = weight_only.launch_chain(x, q, scale, group, splits, config)
+    assert parts.shape == (splits, 3, shape[0]) and parts.dtype == torch.float32
+    reference = weight_only.reference(x.float(), q, scale)
+    error = ((parts.sum(0) - reference).norm() / reference.norm()).item()
+    monkeypatch.setattr(weight_only, "INT4_BF16_ROW", "words")
+    words_config = weight_only.Config(1, 128, 32, 1, 1, 1056)
+    words = weight_only.launch(
+        x[:1].contiguous(), q, scale, weight_only.INT4, group,
+        weight_only.splits_for(q, words_config), words_config,
+    )  # fmt: skip
+    words_error = ((words.sum(0) - reference[:1]).norm() / reference[:1].norm()).item()
+    assert error < 1e-2 and error < 4 * words_error, (error, words_error)
+
+
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
 def test_int8_with_fp16_inputs_matches_the_reference(rows: int) -> None:
     """fp16 inputs (an fp16 model) at every row class: the widening by int8_as_fp16."""

@@ -18,8 +18,9 @@ on tensor cores with fp32 accumulation and writes fp32 partial sums ``[splits, r
 the caller sums the splits and applies int8's row scale, which inductor fuses into the next
 kernel. int4 words are not unpacked into a tile: nibble ``j`` of every word meets the inputs
 ``j, j + 8, j + 16, ...`` of the block in a product of its own, so no data moves between
-threads. One row runs on CUDA cores (``one_row_kernel``) where that is faster (int4; with bf16
-inputs two products per ``fma.bf16x2`` instruction).
+threads. One row runs on CUDA cores where that is faster (int4: ``one_row_kernel``, and with
+bf16 inputs ``weight_only_pairs.int4_chain_kernel``, two products per ``fma.bf16x2``
+instruction).
 One row of a plain bf16/fp16 product runs in the tiled kernel too (:func:`plain_row`): it
 reads the weights faster than cuBLAS does at one row.
 The kernels' code is in :mod:`hymt_serve.engine.weight_only_kernels`.
@@ -43,6 +44,7 @@ import torch
 from torch import Tensor
 
 from hymt_serve.engine import weight_only_kernels as kernels
+from hymt_serve.engine import weight_only_pairs as pair_kernels
 
 # The weight forms and their reference arithmetic live in weight_forms; named here too, as
 # the kernels' callers and tests have always found them.
@@ -80,14 +82,24 @@ class Config(NamedTuple):
 
 
 # Chosen on an H200 by benchmarks/decode/weight_only_gemm.py (a sweep over one pass of a
-# 7B's projections): for one row, 2-16 rows, and more. int4's one row: from the sweep in
-# benchmarks/decode/int4_packed.py with bf16 inputs (1.60 ms a pass; stages do not matter,
-# its loads are not pipelined by Triton). A block of 32 inputs by 128 columns on one warp
-# loads the scales in the products' own layout: no exchange through shared memory a block.
+# 7B's projections): for one row, 2-16 rows, and more. int4's one row with bf16 inputs: the
+# chain kernel on one warp, 128 columns by 64 inputs a block, chosen by two sweeps on H100s
+# (benchmarks/decode/int4_chain.py, quantized/int4-chain/): 1.134 x faster over the four
+# projections than the [words, columns] tile (words, below); programs of 4 and 8 warps, each a
+# stream of words with fewer splits, took 1.06-1.5 x the tile's time. The batch-1 step of int4 +
+# head took 0.947 x the tile's time (H100, step_ab.py).
 ONE_ROW_CONFIGS = {
     INT8: Config(16, 64, 256, 4, 3, 264),
-    INT4: Config(1, 128, 32, 1, 1, 1056),
+    INT4: Config(1, 128, 64, 1, 1, 2112),
 }
+# int4's one row with bf16 inputs: ``chain`` (weight_only_pairs.int4_chain_kernel: block_k
+# inputs a program's block, its warps taking word streams of block_k / 8 / warps words) or
+# ``words`` (one_row_kernel's [words, columns] tile, int4_bf16x2, before 2026-12-06; from the
+# sweep in benchmarks/decode/int4_packed.py, 1.60 ms a pass on an H200, on Config(1, 128, 32,
+# 1, 1, 1056): a block of 32 inputs by 128 columns on one warp loads the scales in the
+# products' own layout, no exchange through shared memory).
+INT4_BF16_ROWS = ("chain", "words")
+INT4_BF16_ROW = "chain"
 # int8's one row on two projection shapes of the 7B models (hidden 4,096, intermediate
 # 14,336; out, in): tiles of 128 inputs read them faster than the tile above in two sweeps on
 # an H200 (benchmarks/decode/row_tiles.py, quantized/row-warps/ and against-bf16-row/): the
@@ -283,14 +295,16 @@ def launch(
     inputs deep (a divisor of the group)."""
     rows, inputs = x.shape
     cols = out_features(weight)
-    if kind == INT4 and group % config.block_k:
-        config = config._replace(block_k=group)
     one_row = config.block_m == 1
     pairs = one_row and kind == INT4 and bf16_pairs(x)
     if pairs and x.data_ptr() % 4:
         # The bf16 inputs load in pairs, as int32. A row of an even input dimension starts
         # 4-byte aligned: only a view at an odd offset is copied.
         x = x.clone()
+    if pairs and INT4_BF16_ROW == "chain":
+        return launch_chain(x, weight, scale, group, splits, config)
+    if kind == INT4 and group % config.block_k:
+        config = config._replace(block_k=group)
     parts = x.new_empty(splits, rows, cols, dtype=torch.float32)
     span = triton.cdiv(inputs, splits * config.block_k) * config.block_k
     grid = (triton.cdiv(cols, config.block_n), splits, triton.cdiv(rows, config.block_m))
@@ -304,6 +318,28 @@ def launch(
         KIND=kind, GROUP=max(group, 1), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, SPAN=span, num_warps=config.warps, num_stages=config.stages,
         **extra,
+    )  # fmt: skip
+    return parts
+
+
+def launch_chain(
+    x: Tensor, weight: Tensor, scale: Tensor, group: int, splits: int, config: Config
+) -> Tensor:
+    """int4's rows with bf16 inputs in ``int4_chain_kernel``: fp32 partial products
+    ``[splits, rows, out]``. ``config.block_k`` inputs a block of a program, taken by its
+    ``config.warps`` warps as word streams of ``block_k / 8 / warps`` words each (a divisor of
+    the group's 16 words or more)."""
+    rows, inputs = x.shape
+    cols = out_features(weight)
+    words = config.block_k // 8 // config.warps
+    assert words and group % (8 * words) == 0, (config, group)
+    parts = x.new_empty(splits, rows, cols, dtype=torch.float32)
+    span = triton.cdiv(inputs, splits * config.block_k) * config.block_k
+    grid = (triton.cdiv(cols, config.block_n), splits, rows)
+    pair_kernels.int4_chain_kernel[grid](
+        x, weight, scale, parts, rows, cols, inputs, x.stride(0), span, GROUP=group,
+        BLOCK_N=config.block_n, WORDS=words, STREAMS=config.warps,
+        CHAIN=min(pair_kernels.CHAIN_WORDS, words), num_warps=config.warps, num_stages=1,
     )  # fmt: skip
     return parts
 

@@ -4,7 +4,9 @@ weight form is and when each kernel runs):
 - ``weight_only_kernel``: tiles of rows on tensor cores, fp32 partial products per split (a
   plain bf16/fp16 weight goes through its int8 branch, where the widening does nothing; int8
   with fp16 inputs widens by ``int8_as_fp16``; int4 above 16 rows through ``int4_deep``);
-- ``one_row_kernel``: one row on CUDA cores, the same partial products;
+- ``one_row_kernel``: one row on CUDA cores, the same partial products (int4 with bf16
+  inputs runs ``weight_only_pairs.int4_chain_kernel`` instead, unless
+  ``weight_only.INT4_BF16_ROW`` says ``words``);
 - ``widen_int4_kernel``: an int4 weight written out in the activations' dtype, for cuBLAS;
 - ``sum_splits_kernel``: partial products summed over their splits, in the output's dtype.
 """
@@ -32,6 +34,12 @@ if triton is not None:
     # PTX of its own (int8_as_fp16) where the kernels are compiled; Triton's interpreter (the
     # CPU tests) runs none, and there int8 widens to fp16 by Triton's conversion.
     COMPILED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+    # int4's bf16 pair arithmetic (int4_row's tile, and the helpers the benchmarks use)
+    from hymt_serve.engine.weight_only_pairs import bf16x2_step as bf16x2_step
+    from hymt_serve.engine.weight_only_pairs import high_halves as high_halves
+    from hymt_serve.engine.weight_only_pairs import int4_bf16x2 as int4_bf16x2
+    from hymt_serve.engine.weight_only_pairs import low_halves as low_halves
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int4_block(  # type: ignore[no-untyped-def]
@@ -258,66 +266,6 @@ if triton is not None:
             part += low * xa[:, None] + high * xb[:, None]
             x_sum += xa + xb
         return part * scale[None, :] - x_sum[:, None] * ((zero + 128.0) * scale)[None, :]
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def int4_bf16x2(  # type: ignore[no-untyped-def]
-        x_row, words, word_ok, packed, scale, zero, DEPTH: tl.constexpr, BLOCK_N: tl.constexpr
-    ):
-        # One block's [words, columns] products for int4_row with bf16 inputs, two products
-        # per instruction. Per word and pair j, lop3 makes the bf16 pair (128 + q_j,
-        # 128 + q_j+4), one fma.bf16x2 takes 128 + the zero point off (exact: small integers)
-        # and one more multiplies by (x[8w + j], x[8w + j + 4]) and adds. The inputs load as
-        # four bf16 pairs a word, (x[8w], x[8w + 1]), ..., and prmt makes the (j, j + 4)
-        # pairs. The four products a half sums round in bf16 (2^-9 of their size, far under
-        # int4's own rounding of the weight); the block's sums widen to fp32 for the group
-        # scale and everything after. About 28 instructions a word against int4_pairs' 48.
-        pairs = x_row.to(tl.pointer_type(tl.int32)) + words * 4  # (x[8w + 2i], x[8w + 2i + 1])
-        p0 = tl.load(pairs, mask=word_ok, other=0)
-        p1 = tl.load(pairs + 1, mask=word_ok, other=0)
-        p2 = tl.load(pairs + 2, mask=word_ok, other=0)
-        p3 = tl.load(pairs + 3, mask=word_ok, other=0)
-        minus = (-(zero + 128.0)).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
-        minus = minus & 0xFFFF
-        minus = tl.broadcast_to((minus | (minus << 16))[None, :], (DEPTH, BLOCK_N))
-        acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.int32)  # the bf16 pair (+0, +0)
-        acc = bf16x2_step(packed, low_halves(p0, p2), minus, acc)
-        acc = bf16x2_step(packed >> 4, high_halves(p0, p2), minus, acc)
-        acc = bf16x2_step(packed >> 8, low_halves(p1, p3), minus, acc)
-        acc = bf16x2_step(packed >> 12, high_halves(p1, p3), minus, acc)
-        low = (acc << 16).to(tl.float32, bitcast=True)
-        high = (acc & -65536).to(tl.float32, bitcast=True)
-        return (low + high) * scale[None, :]
-
-    @triton.jit
-    def bf16x2_step(shifted, x_pair, minus, acc):  # type: ignore[no-untyped-def]
-        # acc + (the pair in the low nibbles of each half of ``shifted``, less 128 + the zero
-        # point) * x_pair, in bf16 pairs.
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 p, w, mask, magic, one;"
-            " mov.b32 mask, 0x000F000F; mov.b32 magic, 0x43004300; mov.b32 one, 0x3F803F80;"
-            " lop3.b32 p, $1, mask, magic, 0xEA;"  # (a & mask) | magic: 128 + q, 128 + q'
-            " fma.rn.bf16x2 w, p, one, $3;"  # q - zero, q' - zero
-            " fma.rn.bf16x2 $0, w, $2, $4; }",
-            "=r,r,r,r,r",
-            [shifted, tl.broadcast_to(x_pair[:, None], acc.shape), minus, acc],
-            dtype=tl.int32,
-            is_pure=True,
-            pack=1,
-        )
-
-    @triton.jit
-    def low_halves(a, b):  # type: ignore[no-untyped-def]
-        # The low halves of a and b as one pair (prmt).
-        return tl.inline_asm_elementwise(
-            "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
-        )
-
-    @triton.jit
-    def high_halves(a, b):  # type: ignore[no-untyped-def]
-        # The high halves of a and b as one pair (prmt).
-        return tl.inline_asm_elementwise(
-            "prmt.b32 $0, $1, $2, 0x7632;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
-        )
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int8_row(  # type: ignore[no-untyped-def]
