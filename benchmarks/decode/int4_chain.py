@@ -50,16 +50,13 @@ def chain(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, config: wo
     return wo.launch_chain(x, weight, scale, group, wo.splits_for(weight, config), config)
 
 
-WORDS_CONFIG = wo.Config(1, 128, 32, 1, 1, 1056)  # the [words, columns] tile's
-
-
 def words(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, config: wo.Config) -> Any:
     """The same in one_row_kernel's [words, columns] tile (int4_bf16x2)."""
     group = x.shape[1] // scale.shape[1]
     saved, wo.INT4_BF16_ROW = wo.INT4_BF16_ROW, "words"
     try:
-        splits = wo.splits_for(weight, WORDS_CONFIG)
-        return wo.launch(x, weight, scale, wo.INT4, group, splits, WORDS_CONFIG)
+        splits = wo.splits_for(weight, config)
+        return wo.launch(x, weight, scale, wo.INT4, group, splits, config)
     finally:
         wo.INT4_BF16_ROW = saved
 
@@ -99,7 +96,7 @@ def timings(out: Path, configs: list[wo.Config]) -> None:
         ]
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         want = wo.reference(x.float(), *weights[0]).float().reshape(-1)
-        variants = [("words", WORDS_CONFIG)] + [("chain", c) for c in configs]
+        variants = [("words", wo.INT4_WORDS_ROW_CONFIG)] + [("chain", c) for c in configs]
         for variant, config in variants:
             run = words if variant == "words" else chain
             parts = run(x, *weights[0], config)
@@ -127,7 +124,7 @@ def report(out: Path, rows: list[dict[str, Any]]) -> None:
         "",
         "32 layers of each projection in one CUDA graph (8 weights in turn), median of 5; the "
         "kernels alone (fp32 partial sums per split, not summed). words: one_row_kernel's "
-        f"[words, columns] tile {tuple(WORDS_CONFIG)}; chain: int4_chain_kernel on "
+        f"[words, columns] tile {tuple(wo.INT4_WORDS_ROW_CONFIG)}; chain: int4_chain_kernel on "
         "Config(block_m, block_n, block_k, warps, stages, programs). error: relative, against "
         "the dequantized weight's product in fp32.",
         "",

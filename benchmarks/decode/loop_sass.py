@@ -35,7 +35,6 @@ ARGS = {
     "x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32",
     "N": "i32", "K": "i32", "stride_xm": "i32",
 }  # fmt: skip
-WORDS_TILE = wo.Config(1, 128, 32, 1, 1, 1056)  # one_row_kernel's bf16 tile (int4_bf16x2)
 DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "out_ptr", "N", "K", "stride_xm", "SPAN")
 
 
@@ -73,7 +72,7 @@ def main() -> None:
     results = []
     row_args = {**ARGS, "GROUP": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
     row_args |= {"SPAN": "i32", "MODE": "constexpr", "AHEAD": "constexpr"}
-    for config in (wo.Config(1, 64, 128, 2, 1, 1056), WORDS_TILE):
+    for config in (wo.Config(1, 64, 128, 2, 1, 1056), wo.INT4_WORDS_ROW_CONFIG):
         for name, mode in MODES.items():
             constants = {"GROUP": 128, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
             kernel = compiled(
@@ -88,7 +87,7 @@ def main() -> None:
     engine_args |= {"BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "SPAN": "i32"}
     engine_args |= {"BF16_PAIRS": "constexpr"}
     for dtype, config in (
-        ("bf16", WORDS_TILE),
+        ("bf16", wo.INT4_WORDS_ROW_CONFIG),
         ("fp16", wo.FP16_ONE_ROW_CONFIGS[wo.INT4]),
     ):
         constants = {"KIND": wo.INT4, "GROUP": 128, "BLOCK_M": 1, "BLOCK_N": config.block_n}

@@ -19,8 +19,8 @@ Each run is ``FORM:VARIANT``. A variant is ``base`` (the engine as it is) or cha
 - ``norms16=off``: int8 products take the norms' outputs as bf16, as before 2026-12-05
   (``fast.FP16_NORM_INPUTS``; on, they take them as fp16);
 - ``int4_row=words``: int4's one row with bf16 inputs in one_row_kernel's ``[words,
-  columns]`` tile (``weight_only.INT4_BF16_ROW``, before 2026-12-06 the engine's; give it its
-  tiles too: ``int4=1,128,32,1,1,1056``); the engine's is ``chain``;
+  columns]`` tile, on its own tiles (``weight_only.INT4_BF16_ROW``, before 2026-12-06 the
+  engine's); the engine's is ``chain``;
 - ``split_sums=N``: the step functions' ``unroll_reductions_threshold``
   (``model.SPLIT_SUMS_READ``: sums over fewer than N splits are read by the next kernel
   instead of running as a kernel of their own).

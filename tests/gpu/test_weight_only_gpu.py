@@ -64,7 +64,7 @@ def test_int4_s_chain_kernel_matches_the_reference_on_each_tile(
     reference = weight_only.reference(x.float(), q, scale)
     error = ((parts.sum(0) - reference).norm() / reference.norm()).item()
     monkeypatch.setattr(weight_only, "INT4_BF16_ROW", "words")
-    words_config = weight_only.Config(1, 128, 32, 1, 1, 1056)
+    words_config = weight_only.INT4_WORDS_ROW_CONFIG
     words = weight_only.launch(
         x[:1].contiguous(), q, scale, weight_only.INT4, group,
         weight_only.splits_for(q, words_config), words_config,

@@ -297,6 +297,19 @@ def test_int4_s_one_row_takes_the_tiles_of_its_inputs_dtype(
     assert seen == expected and bf16 != fp16, seen
 
 
+def test_int4_s_words_tile_takes_its_own_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The [words, columns] tile, picked for A/B runs, brings the tiles it was measured on;
+    the chain kernel (the engine's) its own; fp16 inputs keep theirs either way."""
+    int4 = weight_only.INT4
+    chain = weight_only.config_for(int4, 1, torch.bfloat16)
+    assert chain == weight_only.ONE_ROW_CONFIGS[int4]
+    monkeypatch.setattr(weight_only, "INT4_BF16_ROW", "words")
+    assert weight_only.config_for(int4, 1, torch.bfloat16) == weight_only.INT4_WORDS_ROW_CONFIG
+    assert chain != weight_only.INT4_WORDS_ROW_CONFIG
+    fp16 = weight_only.FP16_ONE_ROW_CONFIGS[int4]
+    assert weight_only.config_for(int4, 1, torch.float16) == fp16
+
+
 def test_int8_s_one_row_takes_the_tiles_measured_for_its_shape(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -94,12 +94,13 @@ ONE_ROW_CONFIGS = {
 }
 # int4's one row with bf16 inputs: ``chain`` (weight_only_pairs.int4_chain_kernel: block_k
 # inputs a program's block, its warps taking word streams of block_k / 8 / warps words) or
-# ``words`` (one_row_kernel's [words, columns] tile, int4_bf16x2, before 2026-12-06; from the
-# sweep in benchmarks/decode/int4_packed.py, 1.60 ms a pass on an H200, on Config(1, 128, 32,
-# 1, 1, 1056): a block of 32 inputs by 128 columns on one warp loads the scales in the
-# products' own layout, no exchange through shared memory).
+# ``words`` (one_row_kernel's [words, columns] tile, int4_bf16x2, before 2026-12-06), on its
+# own tile: from the sweep in benchmarks/decode/int4_packed.py, 1.60 ms a pass on an H200; a
+# block of 32 inputs by 128 columns on one warp loads the scales in the products' own layout,
+# no exchange through shared memory.
 INT4_BF16_ROWS = ("chain", "words")
 INT4_BF16_ROW = "chain"
+INT4_WORDS_ROW_CONFIG = Config(1, 128, 32, 1, 1, 1056)
 # int8's one row on two projection shapes of the 7B models (hidden 4,096, intermediate
 # 14,336; out, in): tiles of 128 inputs read them faster than the tile above in two sweeps on
 # an H200 (benchmarks/decode/row_tiles.py, quantized/row-warps/ and against-bf16-row/): the
@@ -200,6 +201,8 @@ def config_for(
     if rows == 1:
         if dtype == torch.float16 and kind in FP16_ONE_ROW_CONFIGS:
             return FP16_ONE_ROW_CONFIGS[kind]
+        if kind == INT4 and INT4_BF16_ROW == "words":
+            return INT4_WORDS_ROW_CONFIG
         return ONE_ROW_CONFIGS[kind]
     if rows <= FEW_ROWS:
         return FEW_ROWS_CONFIGS[kind]
