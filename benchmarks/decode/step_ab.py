@@ -14,6 +14,8 @@ Each run is ``FORM:VARIANT``. A variant is ``base`` (the engine as it is) or cha
   positions runs one split, as before it was added);
 - ``int8_shapes=off``: int8's one row on ``ONE_ROW_CONFIGS`` for every shape (no
   ``INT8_ROW_SHAPE_CONFIGS``); ``int8_shape=OUTxIN:B_M,...``: one shape's entry there;
+  ``int4_shape=OUTxIN:B_M,...``: one shape's entry in ``INT4_ROW_SHAPE_CONFIGS`` (int4's
+  one row with bf16 inputs on the chain kernel);
 - ``qkv=one``: q, k and v written by one compiled kernel (``qkv_one_kernel``, tried on
   2026-12-04 and not kept: benchmarks/decode/quantized/qkv-one-kernel/);
 - ``norms16=off``: int8 products take the norms' outputs as bf16, as before 2026-12-05
@@ -23,7 +25,9 @@ Each run is ``FORM:VARIANT``. A variant is ``base`` (the engine as it is) or cha
   engine's); the engine's is ``chain``;
 - ``split_sums=N``: the step functions' ``unroll_reductions_threshold``
   (``model.SPLIT_SUMS_READ``: sums over fewer than N splits are read by the next kernel
-  instead of running as a kernel of their own).
+  instead of running as a kernel of their own);
+- ``last_sums=N``: int4's chain kernel sums N splits or more in the last program of each
+  column tile (``weight_only_pairs.LAST_SUMS_FROM``; 0: never).
 
 For each form, one engine per variant is loaded from the same checkpoint as the server loads it
 (the first variant of a form is its baseline); all must give the same greedy tokens as the
@@ -99,11 +103,12 @@ def applied(variant: str) -> Iterator[None]:
         inductor.unroll_reductions_threshold,
         wo.PLAIN_ROW_CONFIG,
         wo.WIDE_PLAIN_ROW_CONFIG,
-        dict(wo.INT8_ROW_SHAPE_CONFIGS),
+        {kind: dict(configs) for kind, configs in wo.ROW_SHAPE_CONFIGS.items()},
         step_model.SPLIT_SUMS_READ,
         step_model.qkv_step,
         fast.FP16_NORM_INPUTS,
         wo.INT4_BF16_ROW,
+        wo.pair_kernels.LAST_SUMS_FROM,
     )
     try:
         for change in [] if variant == "base" else variant.split("+"):
@@ -121,16 +126,19 @@ def applied(variant: str) -> Iterator[None]:
                 attention._SHORT_CACHE_SPLITS = int(value)
             elif key == "int8_shapes" and value == "off":
                 wo.INT8_ROW_SHAPE_CONFIGS.clear()
-            elif key == "int8_shape":
+            elif key in ("int8_shape", "int4_shape"):
                 shape, _, tiles = value.partition(":")
                 out, _, inputs = shape.partition("x")
-                wo.INT8_ROW_SHAPE_CONFIGS[(int(out), int(inputs))] = _config(tiles)
+                kind = wo.INT4 if key == "int4_shape" else wo.INT8
+                wo.ROW_SHAPE_CONFIGS[kind][(int(out), int(inputs))] = _config(tiles)
             elif key == "qkv" and value == "one":
                 step_model.qkv_step = qkv_one_kernel
             elif key == "split_sums":
                 step_model.SPLIT_SUMS_READ = int(value)
             elif key == "int4_row" and value in wo.INT4_BF16_ROWS:
                 wo.INT4_BF16_ROW = value
+            elif key == "last_sums":
+                wo.pair_kernels.LAST_SUMS_FROM = int(value)
             elif key == "norms16" and value == "off":
                 fast.FP16_NORM_INPUTS = False
             else:
@@ -142,12 +150,14 @@ def applied(variant: str) -> Iterator[None]:
         attention._SHORT_CACHE_SPLITS = saved[1]
         inductor.unroll_reductions_threshold = saved[2]
         wo.PLAIN_ROW_CONFIG, wo.WIDE_PLAIN_ROW_CONFIG = saved[3], saved[4]
-        wo.INT8_ROW_SHAPE_CONFIGS.clear()
-        wo.INT8_ROW_SHAPE_CONFIGS.update(saved[5])
+        for kind, configs in wo.ROW_SHAPE_CONFIGS.items():
+            configs.clear()
+            configs.update(saved[5][kind])
         step_model.SPLIT_SUMS_READ = saved[6]
         step_model.qkv_step = saved[7]
         fast.FP16_NORM_INPUTS = saved[8]
         wo.INT4_BF16_ROW = saved[9]
+        wo.pair_kernels.LAST_SUMS_FROM = saved[10]
 
 
 def engine(checkpoint: Path, form: str, variant: str, batch: int, length: int) -> FastRunner:

@@ -310,6 +310,26 @@ def test_int4_s_words_tile_takes_its_own_tiles(monkeypatch: pytest.MonkeyPatch) 
     assert weight_only.config_for(int4, 1, torch.float16) == fp16
 
 
+def test_int4_s_shape_tiles_reach_the_chain_kernel_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape's entry in INT4_ROW_SHAPE_CONFIGS is int4's one row with bf16 inputs (the
+    chain kernel); other shapes, fp16 inputs, the words tile and more rows keep their tiles."""
+    int4, shape = weight_only.INT4, (28672, 4096)
+    own = weight_only.Config(1, 128, 64, 1, 1, 1792)
+    monkeypatch.setitem(weight_only.INT4_ROW_SHAPE_CONFIGS, shape, own)
+    assert weight_only.config_for(int4, 1, torch.bfloat16, shape) == own
+    chain = weight_only.ONE_ROW_CONFIGS[int4]
+    assert weight_only.config_for(int4, 1, torch.bfloat16, (4096, 4096)) == chain
+    fp16 = weight_only.FP16_ONE_ROW_CONFIGS[int4]
+    assert weight_only.config_for(int4, 1, torch.float16, shape) == fp16
+    assert (
+        weight_only.config_for(int4, 2, torch.bfloat16, shape) == weight_only.FEW_ROWS_CONFIGS[int4]
+    )
+    monkeypatch.setattr(weight_only, "INT4_BF16_ROW", "words")
+    assert (
+        weight_only.config_for(int4, 1, torch.bfloat16, shape) == weight_only.INT4_WORDS_ROW_CONFIG
+    )
+
+
 def test_int8_s_one_row_takes_the_tiles_measured_for_its_shape(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

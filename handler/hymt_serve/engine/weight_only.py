@@ -60,6 +60,7 @@ from hymt_serve.engine.weight_forms import quantize_int4_groups as quantize_int4
 from hymt_serve.engine.weight_forms import reference as reference
 from hymt_serve.engine.weight_forms import shape_of as shape_of
 from hymt_serve.engine.weight_forms import unpack_int4 as unpack_int4
+from hymt_serve.engine.weight_only_pairs import launch_chain as launch_chain
 
 try:
     import triton
@@ -110,6 +111,8 @@ INT8_ROW_SHAPE_CONFIGS = {
     (4096, 4096): Config(16, 64, 128, 4, 3, 264),
     (28672, 4096): Config(16, 64, 128, 4, 3, 528),
 }
+INT4_ROW_SHAPE_CONFIGS: dict[tuple[int, int], Config] = {}  # int4's, with bf16 inputs (chain)
+ROW_SHAPE_CONFIGS = {INT8: INT8_ROW_SHAPE_CONFIGS, INT4: INT4_ROW_SHAPE_CONFIGS}
 # fp16 inputs take int4's fp32 arithmetic (int4_pairs), which reads fastest on its own tile:
 # 2.11 ms a pass here against 2.26 on bf16's (int4_packed.py, its fp32 rows).
 FP16_ONE_ROW_CONFIGS = {INT4: Config(1, 64, 128, 2, 1, 2112)}
@@ -191,19 +194,17 @@ def plain_row_config(weight: Tensor) -> Config:
 def config_for(
     kind: int, rows: int, dtype: torch.dtype = torch.bfloat16, shape: tuple[int, int] = (0, 0)
 ) -> Config:
-    """The tiles for ``rows`` rows of input in ``dtype`` (and int8's one row of a weight of
-    ``shape``, out by in: ``INT8_ROW_SHAPE_CONFIGS``). The split of the input dimension
-    depends on the class (one, few or many rows), the dtype and the shape only, so a compiled
-    step traced with a symbolic batch (always more than one row) knows it. (int4's many rows
-    take taller tiles above 64 rows: their op picks them with the rows known.)"""
-    if rows == 1 and kind == INT8 and shape in INT8_ROW_SHAPE_CONFIGS:
-        return INT8_ROW_SHAPE_CONFIGS[shape]
+    """The tiles for ``rows`` rows of input in ``dtype`` (and the one row of a weight of
+    ``shape``, out by in: ``ROW_SHAPE_CONFIGS``). The split of the input dimension depends on
+    the class (one, few or many rows), the dtype and the shape only, so a compiled step traced
+    with a symbolic batch (always more than one row) knows it. (int4's many rows take taller
+    tiles above 64 rows: their op picks them with the rows known.)"""
     if rows == 1:
         if dtype == torch.float16 and kind in FP16_ONE_ROW_CONFIGS:
             return FP16_ONE_ROW_CONFIGS[kind]
         if kind == INT4 and INT4_BF16_ROW == "words":
             return INT4_WORDS_ROW_CONFIG
-        return ONE_ROW_CONFIGS[kind]
+        return ROW_SHAPE_CONFIGS[kind].get(shape, ONE_ROW_CONFIGS[kind])
     if rows <= FEW_ROWS:
         return FEW_ROWS_CONFIGS[kind]
     if kind == INT4 and isinstance(rows, int) and rows > INT4_TALL_ROWS:
@@ -287,15 +288,19 @@ def _weight_only(
 
 @_weight_only.register_fake
 def _(x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int) -> Tensor:
-    return x.new_empty(splits, x.shape[0], out_features(weight), dtype=torch.float32)
+    # int4's one row with bf16 inputs (the chain kernel) may come back summed: sums_last.
+    chain = kind == INT4 and x.shape[0] == 1 and INT4_BF16_ROW == "chain" and bf16_pairs(x)
+    parts = 1 if chain and pair_kernels.sums_last(splits) else splits
+    return x.new_empty(parts, x.shape[0], out_features(weight), dtype=torch.float32)
 
 
 def launch(
     x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int, config: Config
 ) -> Tensor:
     """Run the kernel: fp32 partial products ``[splits, rows, out]`` (the int4 group scales
-    applied, the int8 row scales not). int4 above ``FEW_ROWS`` rows multiplies ``block_k``
-    inputs deep (a divisor of the group)."""
+    applied, the int8 row scales not; int4's chain kernel sums them itself from
+    ``weight_only_pairs.LAST_SUMS_FROM`` splits on: ``[1, rows, out]``). int4 above
+    ``FEW_ROWS`` rows multiplies ``block_k`` inputs deep (a divisor of the group)."""
     rows, inputs = x.shape
     cols = out_features(weight)
     one_row = config.block_m == 1
@@ -321,28 +326,6 @@ def launch(
         KIND=kind, GROUP=max(group, 1), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, SPAN=span, num_warps=config.warps, num_stages=config.stages,
         **extra,
-    )  # fmt: skip
-    return parts
-
-
-def launch_chain(
-    x: Tensor, weight: Tensor, scale: Tensor, group: int, splits: int, config: Config
-) -> Tensor:
-    """int4's rows with bf16 inputs in ``int4_chain_kernel``: fp32 partial products
-    ``[splits, rows, out]``. ``config.block_k`` inputs a block of a program, taken by its
-    ``config.warps`` warps as word streams of ``block_k / 8 / warps`` words each (a divisor of
-    the group's 16 words or more)."""
-    rows, inputs = x.shape
-    cols = out_features(weight)
-    words = config.block_k // 8 // config.warps
-    assert words and group % (8 * words) == 0, (config, group)
-    parts = x.new_empty(splits, rows, cols, dtype=torch.float32)
-    span = triton.cdiv(inputs, splits * config.block_k) * config.block_k
-    grid = (triton.cdiv(cols, config.block_n), splits, rows)
-    pair_kernels.int4_chain_kernel[grid](
-        x, weight, scale, parts, rows, cols, inputs, x.stride(0), span, GROUP=group,
-        BLOCK_N=config.block_n, WORDS=words, STREAMS=config.warps,
-        CHAIN=min(pair_kernels.CHAIN_WORDS, words), num_warps=config.warps, num_stages=1,
     )  # fmt: skip
     return parts
 
