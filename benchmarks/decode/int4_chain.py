@@ -161,15 +161,12 @@ def sass(out: Path) -> None:
     from loop_sass import ARGS, compiled, loop_counts
 
     out.mkdir(parents=True, exist_ok=True)
-    signature = {**ARGS, "SPAN": "i32", "sums_ptr": "*fp32", "counts_ptr": "*i32"}
-    signature |= {"GROUP": "constexpr", "BLOCK_N": "constexpr", "WORDS": "constexpr"}
-    signature |= {"STREAMS": "constexpr", "CHAIN": "constexpr", "LAST_SUMS": "constexpr"}
-    signature |= {"DEPTH": "constexpr"}
+    signature = {**ARGS, "SPAN": "i32", "GROUP": "constexpr", "BLOCK_N": "constexpr"}
+    signature |= {"WORDS": "constexpr", "STREAMS": "constexpr", "CHAIN": "constexpr"}
     for config in sorted({c._replace(programs=0) for c in CONFIGS}):
         stream_words = config.block_k // 8 // config.warps
         constants = {"GROUP": 128, "BLOCK_N": config.block_n, "WORDS": stream_words}
         constants |= {"STREAMS": config.warps, "CHAIN": min(4, stream_words)}
-        constants |= {"LAST_SUMS": False, "DEPTH": pair_kernels.LAST_SUMS_DEPTH}
         kernel = compiled(pair_kernels.int4_chain_kernel, signature, constants, config.warps)
         counts = loop_counts(kernel.asm["cubin"], out / "chain.cubin")
         per_thread = config.block_k // 8 * config.block_n // (32 * config.warps)

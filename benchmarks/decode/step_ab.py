@@ -25,9 +25,7 @@ Each run is ``FORM:VARIANT``. A variant is ``base`` (the engine as it is) or cha
   engine's); the engine's is ``chain``;
 - ``split_sums=N``: the step functions' ``unroll_reductions_threshold``
   (``model.SPLIT_SUMS_READ``: sums over fewer than N splits are read by the next kernel
-  instead of running as a kernel of their own);
-- ``last_sums=N``: int4's chain kernel sums N splits or more in the last program of each
-  column tile (``weight_only_pairs.LAST_SUMS_FROM``; 0: never).
+  instead of running as a kernel of their own).
 
 For each form, one engine per variant is loaded from the same checkpoint as the server loads it
 (the first variant of a form is its baseline); all must give the same greedy tokens as the
@@ -108,7 +106,6 @@ def applied(variant: str) -> Iterator[None]:
         step_model.qkv_step,
         fast.FP16_NORM_INPUTS,
         wo.INT4_BF16_ROW,
-        wo.pair_kernels.LAST_SUMS_FROM,
     )
     try:
         for change in [] if variant == "base" else variant.split("+"):
@@ -137,8 +134,6 @@ def applied(variant: str) -> Iterator[None]:
                 step_model.SPLIT_SUMS_READ = int(value)
             elif key == "int4_row" and value in wo.INT4_BF16_ROWS:
                 wo.INT4_BF16_ROW = value
-            elif key == "last_sums":
-                wo.pair_kernels.LAST_SUMS_FROM = int(value)
             elif key == "norms16" and value == "off":
                 fast.FP16_NORM_INPUTS = False
             else:
@@ -157,7 +152,6 @@ def applied(variant: str) -> Iterator[None]:
         step_model.qkv_step = saved[7]
         fast.FP16_NORM_INPUTS = saved[8]
         wo.INT4_BF16_ROW = saved[9]
-        wo.pair_kernels.LAST_SUMS_FROM = saved[10]
 
 
 def engine(checkpoint: Path, form: str, variant: str, batch: int, length: int) -> FastRunner:

@@ -73,38 +73,6 @@ def test_int4_s_chain_kernel_matches_the_reference_on_each_tile(
     assert error < 1e-2 and error < 4 * words_error, (error, words_error)
 
 
-@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 14336), (200, 384)])
-def test_int4_s_chain_kernel_sums_its_splits_in_the_last_program(
-    shape: tuple[int, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With LAST_SUMS_FROM reached, the chain kernel returns the sums of the partial sums it
-    returns without: the same bits on a second launch (a fixed order of addition), its
-    counters back at zero after each; linear through it (a compiled function, as the step
-    calls it) within its bound of the reference."""
-    torch.manual_seed(shape[1])
-    q, scale = QUANTIZERS["int4"](torch.randn(*shape, device="cuda") * 0.02)
-    x = torch.randn(2, shape[1], device="cuda", dtype=torch.bfloat16)[1:]
-    group = shape[1] // scale.shape[1]
-    config = weight_only.ONE_ROW_CONFIGS[weight_only.INT4]
-    splits = weight_only.splits_for(q, config)
-    parts = weight_only.launch_chain(x, q, scale, group, splits, config)
-    assert parts.shape[0] == splits > 1
-    monkeypatch.setattr(weight_only.pair_kernels, "LAST_SUMS_FROM", 2)
-    launches = []
-    for _ in range(2):
-        launches.append(weight_only.launch_chain(x, q, scale, group, splits, config))
-        assert launches[-1].shape == (1, 1, shape[0])
-        torch.testing.assert_close(launches[-1][0], parts.sum(0), rtol=1e-5, atol=1e-6)
-        assert not weight_only.pair_kernels.counters(x.device, 1).any()
-    assert torch.equal(launches[0], launches[1])
-    reference = weight_only.reference(x.float(), q, scale)
-    torch._dynamo.reset()
-    ours = torch.compile(weight_only.linear, fullgraph=True)(x, q, scale)
-    assert ours.shape == (1, shape[0])
-    assert ((ours.float() - reference).norm() / reference.norm()).item() < 1e-2
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
 def test_int8_with_fp16_inputs_matches_the_reference(rows: int) -> None:
     """fp16 inputs (an fp16 model) at every row class: the widening by int8_as_fp16."""

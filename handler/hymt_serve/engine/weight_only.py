@@ -44,7 +44,6 @@ import torch
 from torch import Tensor
 
 from hymt_serve.engine import weight_only_kernels as kernels
-from hymt_serve.engine import weight_only_pairs as pair_kernels
 
 # The weight forms and their reference arithmetic live in weight_forms; named here too, as
 # the kernels' callers and tests have always found them.
@@ -288,19 +287,15 @@ def _weight_only(
 
 @_weight_only.register_fake
 def _(x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int) -> Tensor:
-    # int4's one row with bf16 inputs (the chain kernel) may come back summed: sums_last.
-    chain = kind == INT4 and x.shape[0] == 1 and INT4_BF16_ROW == "chain" and bf16_pairs(x)
-    parts = 1 if chain and pair_kernels.sums_last(splits) else splits
-    return x.new_empty(parts, x.shape[0], out_features(weight), dtype=torch.float32)
+    return x.new_empty(splits, x.shape[0], out_features(weight), dtype=torch.float32)
 
 
 def launch(
     x: Tensor, weight: Tensor, scale: Tensor, kind: int, group: int, splits: int, config: Config
 ) -> Tensor:
     """Run the kernel: fp32 partial products ``[splits, rows, out]`` (the int4 group scales
-    applied, the int8 row scales not; int4's chain kernel sums them itself from
-    ``weight_only_pairs.LAST_SUMS_FROM`` splits on: ``[1, rows, out]``). int4 above
-    ``FEW_ROWS`` rows multiplies ``block_k`` inputs deep (a divisor of the group)."""
+    applied, the int8 row scales not). int4 above ``FEW_ROWS`` rows multiplies ``block_k``
+    inputs deep (a divisor of the group)."""
     rows, inputs = x.shape
     cols = out_features(weight)
     one_row = config.block_m == 1

@@ -4,9 +4,7 @@ code of :mod:`hymt_serve.engine.weight_only`'s one-row int4 path on GPUs of comp
 
 - ``int4_chain_kernel``: the engine's kernel. Each thread holds a few columns and walks the
   words of a block one by one, each column's bf16 pair sum running on over ``CHAIN`` words;
-  the warps of a program take word streams of their own, summed once at the end. From
-  ``LAST_SUMS_FROM`` splits on, the last program of each column tile sums the splits'
-  partial sums itself (``last_sums``), so no kernel of its own runs for that sum;
+  the warps of a program take word streams of their own, summed once at the end;
   ``launch_chain`` runs it;
 - ``int4_bf16x2``: one block of ``weight_only_kernels.int4_row``'s ``[words, columns]`` tile
   (the kernel before the chains; ``weight_only.INT4_BF16_ROW`` picks it);
@@ -36,22 +34,17 @@ except ImportError:  # the CPU image has no Triton; the reference serves there
     tl = None
 
 CHAIN_WORDS = 4  # words a bf16 pair sum runs over before it widens to fp32 (16 products a half)
-# Splits from which the chain kernel's last program of a column tile sums them (0: never):
-# below, the caller sums them, and inductor reads sums of fewer than model.SPLIT_SUMS_READ
-# splits inside the next kernel.
-LAST_SUMS_FROM = 0
-LAST_SUMS_DEPTH = 16  # splits the last program loads at once
-_counts: dict[torch.device, Tensor] = {}  # each device's counters, zero between launches
 
 
 def launch_chain(
     x: Tensor, weight: Tensor, scale: Tensor, group: int, splits: int, config: Any
 ) -> Tensor:
     """int4's rows with bf16 inputs in ``int4_chain_kernel``: fp32 partial products
-    ``[splits, rows, out]``, or from ``LAST_SUMS_FROM`` splits on their sums ``[1, rows,
-    out]``. ``config.block_k`` inputs a block of a program (a ``weight_only.Config``), taken
-    by its ``config.warps`` warps as word streams of ``block_k / 8 / warps`` words each (a
-    divisor of the group's 16 words or more)."""
+    ``[splits, rows, out]`` (the caller sums them; inductor reads a sum of fewer than
+    ``model.SPLIT_SUMS_READ`` splits inside the next kernel). ``config.block_k`` inputs a
+    block of a program (a ``weight_only.Config``), taken by its ``config.warps`` warps as word
+    streams of ``block_k / 8 / warps`` words each (a divisor of the group's 16 words or
+    more)."""
     rows, inputs = x.shape
     cols = out_features(weight)
     words = config.block_k // 8 // config.warps
@@ -59,45 +52,23 @@ def launch_chain(
     parts = x.new_empty(splits, rows, cols, dtype=torch.float32)
     span = triton.cdiv(inputs, splits * config.block_k) * config.block_k
     grid = (triton.cdiv(cols, config.block_n), splits, rows)
-    last = sums_last(splits)
-    sums = x.new_empty(1, rows, cols, dtype=torch.float32) if last else parts
-    counts = counters(x.device, grid[0] * rows) if last else parts
     int4_chain_kernel[grid](
-        x, weight, scale, parts, rows, cols, inputs, x.stride(0), span, sums, counts,
-        GROUP=group, BLOCK_N=config.block_n, WORDS=words, STREAMS=config.warps,
-        CHAIN=min(CHAIN_WORDS, words), LAST_SUMS=last, DEPTH=LAST_SUMS_DEPTH,
-        num_warps=config.warps, num_stages=1,
+        x, weight, scale, parts, rows, cols, inputs, x.stride(0), span, GROUP=group,
+        BLOCK_N=config.block_n, WORDS=words, STREAMS=config.warps,
+        CHAIN=min(CHAIN_WORDS, words), num_warps=config.warps, num_stages=1,
     )  # fmt: skip
-    return sums if last else parts
-
-
-def sums_last(splits: int) -> bool:
-    """Whether ``launch_chain`` over ``splits`` splits returns their sums."""
-    return bool(LAST_SUMS_FROM) and splits >= LAST_SUMS_FROM
-
-
-def counters(device: torch.device, size: int) -> Tensor:
-    """At least ``size`` int32 counters on ``device``, zero (each launch that counts on them
-    sets them back to zero before it ends; launches on one stream take turns with them). Made
-    outside CUDA-graph capture: the engine runs its step eagerly before it captures it."""
-    counts = _counts.get(device)
-    if counts is None or counts.numel() < size:
-        assert not torch.cuda.is_current_stream_capturing(), "int4 split counters made in capture"
-        counts = _counts[device] = torch.zeros(max(size, 4096), dtype=torch.int32, device=device)
-    return counts
+    return parts
 
 
 if triton is not None:
 
     @triton.jit(do_not_specialize=["M", "SPAN"])  # type: ignore[untyped-decorator]
     def int4_chain_kernel(  # type: ignore[no-untyped-def]
-        x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, SPAN, sums_ptr, counts_ptr,
-        GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
-        STREAMS: tl.constexpr, CHAIN: tl.constexpr, LAST_SUMS: tl.constexpr,
-        DEPTH: tl.constexpr,
+        x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, SPAN, GROUP: tl.constexpr,
+        BLOCK_N: tl.constexpr, WORDS: tl.constexpr, STREAMS: tl.constexpr,
+        CHAIN: tl.constexpr,
     ):  # fmt: skip
-        # One program per (column tile, split, row); out: fp32 partial sums [splits, M, N]
-        # (with LAST_SUMS their sums go to sums [M, N]: last_sums).
+        # One program per (column tile, split, row); out: fp32 partial sums [splits, M, N].
         # SPAN inputs a split, a multiple of 8 * WORDS * STREAMS. Each block, stream s (a
         # warp's rows of the [STREAMS, BLOCK_N] tiles) takes the WORDS words from
         # base + s * WORDS on, inside one group (8 * WORDS divides GROUP). Each column's bf16
@@ -138,34 +109,6 @@ if triton is not None:
                     acc = tl.zeros((STREAMS, BLOCK_N), dtype=tl.int32)
         out = out_ptr + tl.program_id(1) * M * N + tl.program_id(2) * N + cols
         tl.store(out, tl.sum(total, axis=0), mask=col_ok)
-        if LAST_SUMS:
-            last_sums(out_ptr, sums_ptr, counts_ptr, cols, col_ok, M, N, BLOCK_N, DEPTH)
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def last_sums(  # type: ignore[no-untyped-def]
-        parts_ptr, sums_ptr, counts_ptr, cols, col_ok, M, N, BLOCK_N: tl.constexpr,
-        DEPTH: tl.constexpr,
-    ):  # fmt: skip
-        # Split-K's sum in the last program of a (column tile, row), as stream-K GEMMs do
-        # their fixup: each program counts itself in on the tile's counter once its partial
-        # sums are stored; the one that counts last reads every split's back from L2, DEPTH
-        # splits a load, adds them in split order (the same sums every launch) and sets the
-        # counter back to zero for the next launch.
-        tl.debug_barrier()  # every thread's partial sums stored before the count
-        row = tl.program_id(2)
-        counter = counts_ptr + row * tl.num_programs(0) + tl.program_id(0)
-        splits = tl.num_programs(1)
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            depth = tl.arange(0, DEPTH)
-            total = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)
-            for first in range(0, splits, DEPTH):
-                split = first + depth
-                where = parts_ptr + split[:, None] * M * N + row * N + cols[None, :]
-                ok = (split < splits)[:, None] & col_ok[None, :]
-                # .cg: from L2, where the other programs' stores are (not this SM's L1)
-                total += tl.load(where, mask=ok, other=0.0, cache_modifier=".cg")
-            tl.store(sums_ptr + row * N + cols, tl.sum(total, axis=0), mask=col_ok)
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
     def word_products(packed, p0, p1, p2, p3, minus, acc):  # type: ignore[no-untyped-def]
