@@ -146,8 +146,8 @@ def make_step_functions(shape: ModelShape, compile_: bool) -> StepFunctions:
 # With inductor's own threshold (8) those sums ran as kernels of their own: 64 of the 426
 # kernels of an int8 + head batch-1 step on an H200. With 16 that step took 0.974 x the time
 # at batch 1 and 0.926 x at 64 (benchmarks/decode/quantized/split-sums/). With 32 int4's one
-# row sums gate_up's 16 splits inside the SiLU kernel too: its batch-1 step 0.974-0.976 x the time
-# on an H100 (benchmarks/decode/quantized/int4-splits/).
+# row sums gate_up's 16 splits inside the SiLU kernel too: its batch-1 step took 0.974-0.976 x
+# the time on an H100, in three calls (benchmarks/decode/quantized/int4-splits/).
 SPLIT_SUMS_READ = 32
 
 
