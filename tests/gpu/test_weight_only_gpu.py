@@ -85,6 +85,32 @@ def test_int8_with_fp16_inputs_matches_the_reference(rows: int) -> None:
     assert (ours.float() - reference).norm() / reference.norm() < 1e-2
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        weight_only.Config(1, 64, 256, 4, 1, 528),
+        weight_only.Config(1, 128, 128, 8, 1, 264),
+        weight_only.Config(1, 128, 256, 2, 1, 1056),
+    ],
+)
+@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 14336), (200, 388)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int8_s_one_row_on_cuda_cores_sums_the_int8_products_exactly(
+    config: weight_only.Config, shape: tuple[int, int], dtype: torch.dtype
+) -> None:
+    """int8_row (int8_word_fma's widening in PTX) on tiles of 2-8 warps, a row at an offset
+    of 2 inputs, and a weight of 388 inputs (97 words: masked blocks and uneven splits): its
+    partial sums add up to the fp32 product of the int8 values, to fp32 accumulation."""
+    torch.manual_seed(shape[0])
+    q, _ = QUANTIZERS["int8"](torch.randn(*shape, device="cuda") * 0.02)
+    x = torch.randn(1, shape[1] + 2, device="cuda", dtype=dtype)[:, 2:]
+    splits = weight_only.splits_for(q, config)
+    parts = weight_only.launch(x, q, q, weight_only.INT8, 0, splits, config)
+    assert parts.shape == (splits, 1, shape[0]) and parts.dtype == torch.float32
+    want = x.float() @ q.float().T
+    assert ((parts.sum(0) - want).norm() / want.norm()).item() < 1e-5
+
+
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
 @pytest.mark.parametrize("shape", [(6144, 4096), (28672, 4096), (128256, 4096)])
 def test_int8_takes_a_norms_bf16_output_as_fp16_with_the_same_sums(
