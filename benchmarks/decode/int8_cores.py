@@ -49,16 +49,15 @@ NORM_FED = ("qkv", "gate_up", "head")  # the engine gives these fp16 inputs on i
 # Config(1, block_n, block_k, warps, 1, programs): a program's [block_k, block_n] tile
 CONFIGS = [
     wo.Config(1, 64, 128, 4, 1, 1056),
+    wo.Config(1, 64, 128, 4, 1, 2112),
     wo.Config(1, 128, 128, 4, 1, 528),
     wo.Config(1, 128, 128, 4, 1, 1056),
     wo.Config(1, 64, 256, 4, 1, 528),
     wo.Config(1, 64, 256, 4, 1, 1056),
     wo.Config(1, 256, 64, 4, 1, 528),
-    wo.Config(1, 128, 256, 4, 1, 528),
     wo.Config(1, 128, 256, 8, 1, 264),
-    wo.Config(1, 256, 128, 8, 1, 264),
-    wo.Config(1, 64, 256, 2, 1, 1056),
-    wo.Config(1, 128, 128, 2, 1, 1056),
+    wo.Config(1, 128, 256, 8, 1, 528),
+    wo.Config(1, 32, 128, 2, 1, 2112),
 ]
 
 

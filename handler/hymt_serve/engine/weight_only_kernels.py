@@ -272,31 +272,33 @@ if triton is not None:
         x_row, w_ptr, cols, col_ok, K, start, SPAN, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
     ):
         # One row's int8 products over [start, start + SPAN) on CUDA cores: a [words,
-        # columns] tile of fp32 sums (a word: 4 inputs' weights, loaded as one int32),
-        # reduced over the words at the end. int8_word_fma widens and multiplies a word's
-        # weights without the conversion unit. The next block's words load before this
-        # block's arithmetic (Triton pipelines only loads that feed tl.dot). K: a multiple
-        # of 4.
+        # columns] tile of fp32 sums (a word: 4 inputs' weights, loaded as one int32; the 4
+        # inputs as one 8-byte load), reduced over the words at the end. int8_word_fma widens
+        # and multiplies a word's weights without the conversion unit. K: a multiple of 4,
+        # the row and the weight 8- and 4-byte aligned (launch sees to it).
         WORDS: tl.constexpr = BLOCK_K // 4
         limit = tl.minimum(start + SPAN, K) // 4  # words from here on load as zero
-        row_words = K // 4
         words = start // 4 + tl.arange(0, WORDS)
-        w_words = w_ptr.to(tl.pointer_type(tl.int32)) + cols[None, :] * row_words
+        w_words = w_ptr.to(tl.pointer_type(tl.int32)) + cols[None, :] * (K // 4)
+        x_words = x_row.to(tl.pointer_type(tl.int64))
         acc = tl.zeros((WORDS, BLOCK_N), dtype=tl.float32)
-        packed = tl.load(w_words + words[:, None], mask=(words < limit)[:, None] & col_ok[None, :])
         for _ in range(0, SPAN, BLOCK_K):
             ok = words < limit
-            ahead = words + WORDS
-            upcoming = tl.load(
-                w_words + ahead[:, None], mask=(ahead < limit)[:, None] & col_ok[None, :]
-            )
-            x0 = tl.load(x_row + words * 4, mask=ok, other=0.0).to(tl.float32)
-            x1 = tl.load(x_row + words * 4 + 1, mask=ok, other=0.0).to(tl.float32)
-            x2 = tl.load(x_row + words * 4 + 2, mask=ok, other=0.0).to(tl.float32)
-            x3 = tl.load(x_row + words * 4 + 3, mask=ok, other=0.0).to(tl.float32)
-            acc = int8_word_fma(packed, x0[:, None], x1[:, None], x2[:, None], x3[:, None], acc)
-            packed, words = upcoming, ahead
+            packed = tl.load(w_words + words[:, None], mask=ok[:, None] & col_ok[None, :])
+            inputs = tl.load(x_words + words, mask=ok, other=0)
+            x0 = input_of(inputs, 0, x_row.dtype.element_ty)[:, None]
+            x1 = input_of(inputs, 1, x_row.dtype.element_ty)[:, None]
+            x2 = input_of(inputs, 2, x_row.dtype.element_ty)[:, None]
+            x3 = input_of(inputs, 3, x_row.dtype.element_ty)[:, None]
+            acc = int8_word_fma(packed, x0, x1, x2, x3, acc)
+            words += WORDS
         return tl.sum(acc, axis=0)
+
+    @triton.jit
+    def input_of(inputs, j: tl.constexpr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+        # Input j of four 16-bit inputs (bf16 or fp16) packed in an int64, as fp32.
+        half = ((inputs >> (16 * j)) & 0xFFFF).to(tl.int16)
+        return half.to(dtype, bitcast=True).to(tl.float32)
 
     @triton.jit
     def int8_word_fma(packed, x0, x1, x2, x3, acc):  # type: ignore[no-untyped-def]

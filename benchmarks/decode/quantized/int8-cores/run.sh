@@ -11,8 +11,8 @@ PYTHONPATH=handler timeout 120 python3 -m pytest -q -p no:cacheprovider \
   tests/gpu/test_weight_only_gpu.py 2>&1 | tail -n 5 | tee "$out/gpu_tests.txt"
 cores="int8_shapes=off+int8"
 timeout 300 python3 benchmarks/decode/step_ab.py --out "$out/step" --batches 1 --turns 7 \
-  --runs none:base int8+head:base "int8+head:$cores=1,128,128,4,1,528" \
-  "int8+head:$cores=1,64,256,4,1,1056" int4+head:base 2>&1 \
+  --runs none:base int8+head:base "int8+head:$cores=1,64,128,4,1,1056" \
+  "int8+head:$cores=1,128,128,4,1,528" int4+head:base 2>&1 \
   | tee "$out/step_ab.log" | grep "^|" | tail -n 6
 timeout 160 python3 benchmarks/decode/int8_cores.py --out "$out/sweep" 2>&1 \
   | tee "$out/sweep.log" | grep -A40 "^# int8"
