@@ -294,7 +294,7 @@ if triton is not None:
             words += WORDS
         return tl.sum(acc, axis=0)
 
-    @triton.jit
+    @triton.jit  # type: ignore[untyped-decorator]
     def input_of(inputs, j: tl.constexpr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
         # Input j of four 16-bit inputs (bf16 or fp16) packed in an int64, as fp32.
         half = ((inputs >> (16 * j)) & 0xFFFF).to(tl.int16)
