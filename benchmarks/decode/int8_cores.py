@@ -159,11 +159,11 @@ def sass(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     signature = {**ARGS, "w_ptr": "*i8", "s_ptr": "*fp32"}
     signature |= {n: "constexpr" for n in ("KIND", "GROUP", "BLOCK_M", "BLOCK_N", "BLOCK_K")}
-    signature |= {"SPAN": "i32", "BF16_PAIRS": "constexpr"}
+    signature |= {"SPAN": "i32", "BF16_PAIRS": "constexpr", "EVEN": "constexpr"}
     found = []
     for config in sorted({c._replace(programs=0) for c in CONFIGS}):
         constants = {"KIND": wo.INT8, "GROUP": 1, "BLOCK_M": 1, "BLOCK_N": config.block_n}
-        constants |= {"BLOCK_K": config.block_k, "BF16_PAIRS": False}
+        constants |= {"BLOCK_K": config.block_k, "BF16_PAIRS": False, "EVEN": True}
         kernel = compiled(kernels.one_row_kernel, signature, constants, config.warps)
         counts = loop_counts(kernel.asm["cubin"], out / "int8_row.cubin")
         per_thread = config.block_k * config.block_n / (32 * config.warps)

@@ -128,7 +128,8 @@ def test_the_kernels_compute_the_reference_product_in_triton_s_interpreter() -> 
 
 # int8's one row on CUDA cores (int8_row) loads a weight's row as words of 4 inputs and the
 # input row 4 inputs at a time: a row at an odd offset is copied, a weight whose rows are not
-# whole words takes the tiled kernel.
+# whole words takes the tiled kernel; whole tiles and blocks (64 by 256, one split) load
+# without masks (EVEN).
 INT8_ROW_CHECK = textwrap.dedent(
     """
     from hymt_serve.engine import weight_only as wo
@@ -136,14 +137,14 @@ INT8_ROW_CHECK = textwrap.dedent(
 
     torch.manual_seed(0)
     found = []
-    for inputs, offset in ((256, 0), (256, 1), (390, 0)):
-        q, scale = quantize_int8_rows(torch.randn(72, inputs))
+    for cols, inputs, offset in ((64, 256, 0), (72, 256, 0), (72, 256, 1), (72, 390, 0)):
+        q, scale = quantize_int8_rows(torch.randn(cols, inputs))
         x = torch.randn(1, inputs + offset).half()[:, offset:]
         want = x.float() @ q.float().T
         for splits in (1, 3):
             parts = wo.launch(x, q, scale, wo.INT8, 0, splits, wo.Config(1, 32, 64, 2, 1, 64))
             error = ((parts.sum(0) - want).abs().max() / want.abs().max()).item()
-            found.append([inputs, offset, splits, error])
+            found.append([cols, inputs, offset, splits, error])
     print(json.dumps(found))
     """
 )
@@ -152,7 +153,7 @@ INT8_ROW_CHECK = textwrap.dedent(
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_int8_s_one_row_on_cuda_cores_copies_or_falls_back_where_words_do_not_fit() -> None:
     results = run_interpreted(INT8_ROW_CHECK, timeout=600)
-    assert len(results) == 6
+    assert len(results) == 8
     worst = max(results, key=lambda r: r[-1])
     assert worst[-1] < 1e-5, worst  # fp32 accumulation of fp16 inputs
 

@@ -318,6 +318,8 @@ def launch(
     grid = (triton.cdiv(cols, config.block_n), splits, triton.cdiv(rows, config.block_m))
     kernel = _kernels()[1 if one_row else 0]
     extra = {"BF16_PAIRS": pairs} if one_row else {"DEEP": kind == INT4 and rows > FEW_ROWS}
+    if one_row and kind == INT8:
+        extra["EVEN"] = inputs % (splits * config.block_k) == 0 and cols % config.block_n == 0
     # The span is a runtime argument: one compiled kernel per tile config serves every
     # projection shape and split (as a constant it compiled one per shape, 4-5 a row class,
     # which put seconds on an int8 or int4 engine's start).

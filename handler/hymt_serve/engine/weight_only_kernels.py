@@ -200,9 +200,11 @@ if triton is not None:
         x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm,
         KIND: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPAN, BF16_PAIRS: tl.constexpr,
+        EVEN: tl.constexpr = False,
     ):  # fmt: skip
         # Products of single rows on CUDA cores. One program per (column tile, split, row).
         # BF16_PAIRS: bf16 inputs on a GPU with bf16 pair arithmetic (compute capability 8.0+).
+        # EVEN (int8): the splits are whole blocks inside K and the columns whole tiles.
         x_row = x_ptr + tl.program_id(2) * stride_xm
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < N
@@ -213,7 +215,7 @@ if triton is not None:
                 BF16_PAIRS,
             )  # fmt: skip
         else:
-            sums = int8_row(x_row, w_ptr, cols, col_ok, K, start, SPAN, BLOCK_N, BLOCK_K)
+            sums = int8_row(x_row, w_ptr, cols, col_ok, K, start, SPAN, BLOCK_N, BLOCK_K, EVEN)
         out = out_ptr + tl.program_id(1) * M * N + tl.program_id(2) * N + cols
         tl.store(out, sums, mask=col_ok)
 
@@ -269,8 +271,9 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int8_row(  # type: ignore[no-untyped-def]
-        x_row, w_ptr, cols, col_ok, K, start, SPAN, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
-    ):
+        x_row, w_ptr, cols, col_ok, K, start, SPAN, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+    ):  # fmt: skip
         # One row's int8 products over [start, start + SPAN) on CUDA cores: a [words,
         # columns] tile of fp32 sums (a word: 4 inputs' weights, loaded as one int32; the 4
         # inputs as one 8-byte load), reduced over the words at the end. int8_word_fma widens
@@ -283,9 +286,13 @@ if triton is not None:
         x_words = x_row.to(tl.pointer_type(tl.int64))
         acc = tl.zeros((WORDS, BLOCK_N), dtype=tl.float32)
         for _ in range(0, SPAN, BLOCK_K):
-            ok = words < limit
-            packed = tl.load(w_words + words[:, None], mask=ok[:, None] & col_ok[None, :])
-            inputs = tl.load(x_words + words, mask=ok, other=0)
+            if EVEN:  # (no masks: no predicates, no zeroed registers)
+                packed = tl.load(w_words + words[:, None])
+                inputs = tl.load(x_words + words)
+            else:
+                ok = words < limit
+                packed = tl.load(w_words + words[:, None], mask=ok[:, None] & col_ok[None, :])
+                inputs = tl.load(x_words + words, mask=ok, other=0)
             x0 = input_of(inputs, 0, x_row.dtype.element_ty)[:, None]
             x1 = input_of(inputs, 1, x_row.dtype.element_ty)[:, None]
             x2 = input_of(inputs, 2, x_row.dtype.element_ty)[:, None]
