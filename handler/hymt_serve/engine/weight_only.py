@@ -302,7 +302,7 @@ def launch(
         if inputs % 4 or weight.data_ptr() % 4:
             config = FEW_ROWS_CONFIGS[INT8]  # (int8_row loads words of 4 inputs)
         elif x.data_ptr() % 8 or (rows > 1 and x.stride(0) % 4):
-            x = x.contiguous() if x.data_ptr() % 8 == 0 else x.clone()  # (4 inputs a load)
+            x = x.clone(memory_format=torch.contiguous_format)  # (4 inputs a load)
     one_row = config.block_m == 1
     pairs = one_row and kind == INT4 and bf16_pairs(x)
     if pairs and x.data_ptr() % 4:

@@ -291,7 +291,8 @@ if triton is not None:
                 inputs = tl.load(x_words + words)
             else:
                 ok = words < limit
-                packed = tl.load(w_words + words[:, None], mask=ok[:, None] & col_ok[None, :])
+                ok_2d = ok[:, None] & col_ok[None, :]
+                packed = tl.load(w_words + words[:, None], mask=ok_2d, other=0)
                 inputs = tl.load(x_words + words, mask=ok, other=0)
             x0 = input_of(inputs, 0, x_row.dtype.element_ty)[:, None]
             x1 = input_of(inputs, 1, x_row.dtype.element_ty)[:, None]
