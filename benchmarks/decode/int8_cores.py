@@ -34,17 +34,11 @@ from typing import Any
 
 import torch
 import triton
+from bf16_row import SHAPES
 
 from hymt_serve.engine import weight_only as wo
 from hymt_serve.engine import weight_only_kernels as kernels
 
-SHAPES = {
-    "qkv": (6144, 4096),
-    "o": (4096, 4096),
-    "gate_up": (28672, 4096),
-    "down": (4096, 14336),
-    "head": (128256, 4096),
-}
 NORM_FED = ("qkv", "gate_up", "head")  # the engine gives these fp16 inputs on its tiled kernel
 # Config(1, block_n, block_k, warps, 1, programs): a program's [block_k, block_n] tile
 CONFIGS = [
