@@ -298,17 +298,16 @@ def launch(
     inputs deep (a divisor of the group)."""
     rows, inputs = x.shape
     cols = out_features(weight)
-    if kind == INT8 and config.block_m == 1:
-        if inputs % 4 or weight.data_ptr() % 4:
-            config = FEW_ROWS_CONFIGS[INT8]  # (int8_row loads words of 4 inputs)
-        elif x.data_ptr() % 8 or (rows > 1 and x.stride(0) % 4):
-            x = x.clone(memory_format=torch.contiguous_format)  # (4 inputs a load)
+    if kind == INT8 and config.block_m == 1 and (inputs % 4 or weight.data_ptr() % 4):
+        config = FEW_ROWS_CONFIGS[INT8]  # (int8_row loads words of 4 inputs' weights)
     one_row = config.block_m == 1
     pairs = one_row and kind == INT4 and bf16_pairs(x)
-    if pairs and x.data_ptr() % 4:
-        # The bf16 inputs load in pairs, as int32. A row of an even input dimension starts
-        # 4-byte aligned: only a view at an odd offset is copied.
-        x = x.clone()
+    # The one-row kernels load their inputs in words: int4's bf16 pairs as int32, int8's 4
+    # inputs as int64. A row of such an input dimension starts aligned: only a view at an odd
+    # offset (or rows at an odd stride) is copied.
+    word = 8 if one_row and kind == INT8 else 4 if pairs else 0
+    if word and (x.data_ptr() % word or (rows > 1 and x.stride(0) * x.element_size() % word)):
+        x = x.clone(memory_format=torch.contiguous_format)
     if pairs and INT4_BF16_ROW == "chain":
         return launch_chain(x, weight, scale, group, splits, config)
     if kind == INT4 and group % config.block_k:
