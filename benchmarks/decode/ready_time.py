@@ -7,7 +7,9 @@ runs here in its own process with its own empty cache folders (what a new server
 machine pays), with the GPU profile's sizes (128 rows of 1,024 + 512 tokens). The 7B-shaped
 random-weight folder is written first when ``--checkpoint`` does not exist yet (and its FP8
 checkpoint for ``fp8-checkpoint``). Each row also counts the kernels Triton compiled (inductor's,
-and ours by name: every specialisation is a compile). Writes ``ready.json`` and ``ready.md`` to
+and ours by name: every specialisation is a compile). ``--serial FORM ...`` runs those forms
+once more with none of our weight-only kernels compiled ahead (each at its first launch, as
+before hymt_serve.engine.ahead). Writes ``ready.json`` and ``ready.md`` to
 ``--out``.
 
     PYTHONPATH=handler python benchmarks/decode/ready_time.py --out DIR --forms none fp8 int8
@@ -38,7 +40,7 @@ FORMS = (
     "fp8-checkpoint+head",
 )
 ROWS, INPUT_TOKENS, NEW_TOKENS = 128, 1024, 512  # configs/model-config-gpu.yaml
-TIMINGS = ("warmup_compile_s", "capture_s", "prefill_capture_s")
+TIMINGS = ("ahead_plan_s", "warmup_compile_s", "capture_s", "prefill_capture_s")
 
 
 def folder_for(checkpoint: Path, form: str) -> Path:
@@ -68,9 +70,15 @@ def prepare(checkpoint: Path, forms: list[str]) -> None:
         write_fp8_checkpoint(checkpoint, fp8, device="cuda", prompts=calibration)
 
 
-def measure_one(checkpoint: Path, form: str) -> dict[str, Any]:
-    """Load and build one form here, as the worker does; the times in seconds."""
+def measure_one(checkpoint: Path, form: str, serial: bool = False) -> dict[str, Any]:
+    """Load and build one form here, as the worker does; the times in seconds. ``serial``:
+    no weight-only kernel compiles ahead (each compiles at its first launch)."""
     import torch
+
+    from hymt_serve.engine import ahead
+
+    if serial:
+        ahead.THREADS = 0
 
     from hymt_serve.engine.fast import build_fast_runner
     from hymt_serve.engine.loading import load_model
@@ -100,7 +108,7 @@ def measure_one(checkpoint: Path, form: str) -> dict[str, Any]:
     done = time.perf_counter()
     described = runner.describe()
     return {
-        "form": form,
+        "form": form + (" (serial)" if serial else ""),
         "load_s": round(loaded_at - start, 2),
         "build_s": round(done - loaded_at, 2),
         "ready_s": round(done - start, 2),
@@ -110,7 +118,7 @@ def measure_one(checkpoint: Path, form: str) -> dict[str, Any]:
     }
 
 
-def run_fresh(checkpoint: Path, form: str) -> dict[str, Any]:
+def run_fresh(checkpoint: Path, form: str, serial: bool = False) -> dict[str, Any]:
     """``measure_one`` in a new process with empty inductor and Triton caches."""
     with tempfile.TemporaryDirectory(prefix="hymt-ready-") as caches:
         environ = {
@@ -119,6 +127,7 @@ def run_fresh(checkpoint: Path, form: str) -> dict[str, Any]:
             "TRITON_CACHE_DIR": str(Path(caches) / "triton"),
         }
         command = [sys.executable, __file__, "--one", form, "--checkpoint", str(checkpoint)]
+        command += ["--serial-one"] if serial else []
         done = subprocess.run(command, env=environ, capture_output=True, text=True, check=False)
         compiled = triton_compiles(Path(caches) / "triton")
     if done.returncode != 0:
@@ -167,10 +176,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/hymt-7b-random"))
     parser.add_argument("--forms", nargs="+", choices=FORMS, default=["none", "fp8", "int8"])
+    parser.add_argument(
+        "--serial", nargs="*", choices=FORMS, default=[],
+        help="forms to run once more with no kernel compiled ahead (hymt_serve.engine.ahead)",
+    )  # fmt: skip
     parser.add_argument("--one", choices=FORMS, help=argparse.SUPPRESS)  # the child process
+    parser.add_argument("--serial-one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure_one(args.checkpoint, args.one)), flush=True)
+        print(json.dumps(measure_one(args.checkpoint, args.one, args.serial_one)), flush=True)
         return
     if args.out is None:
         parser.error("--out is required")
@@ -178,8 +192,9 @@ def main() -> None:
 
     prepare(args.checkpoint, args.forms)
     rows = []
-    for form in args.forms:
-        rows.append(run_fresh(args.checkpoint, form))
+    runs = [(form, False) for form in args.forms] + [(form, True) for form in args.serial]
+    for form, serial in runs:
+        rows.append(run_fresh(args.checkpoint, form, serial))
         print(rows[-1], flush=True)
     report = {
         "gpu": torch.cuda.get_device_name(),

@@ -183,3 +183,42 @@ def test_a_7b_model_in_weight_only_form_stays_close_to_bf16(form: str, bound: fl
     assert info["weight_bytes"] < (8.5e9 if form == "int8" else 5e9)  # bf16: 15.0 GB
     print(f"{form} vs bf16 logits cosine", cosine.tolist())
     assert cosine.mean() >= bound and cosine.min() >= bound - 0.05
+
+
+def test_the_kernels_compiled_ahead_serve_every_row_count_with_no_compile_of_their_own() -> None:
+    """hymt_serve.engine.ahead: the launches a plan records over the row classes compile in
+    threads, and then products of any row count (of either form, one row's fp16 inputs
+    included) launch what they compiled: Triton compiles nothing more, and nothing twice."""
+    from hymt_serve.engine import ahead, weight_only_pairs
+    from hymt_serve.engine import weight_only_kernels as kernels
+
+    torch.manual_seed(0)
+    weights = [QUANTIZERS[f](torch.randn(384, 1024, device="cuda") / 50) for f in ("int8", "int4")]
+
+    def plan() -> None:
+        for q, scale in weights:
+            for rows in weight_only.ROW_CLASSES:
+                x = torch.empty(rows, 1024, device="cuda", dtype=torch.bfloat16)
+                weight_only.linear(x, q, scale, fits_fp16=True)
+
+    ours = (
+        kernels.weight_only_kernel, kernels.one_row_kernel, kernels.widen_int4_kernel,
+        kernels.sum_splits_kernel, weight_only_pairs.int4_chain_kernel,
+    )  # fmt: skip
+    for kernel in ours:
+        kernel.device_caches.clear()  # (Triton's disk cache still serves: compiles are quick)
+
+    def compiled() -> int:
+        return sum(len(kernel.device_caches[torch.cuda.current_device()][0]) for kernel in ours)
+
+    with ahead.compile_ahead(plan, torch.device("cuda")) as planned:
+        assert planned >= 10
+        for rows in (1, 5, 16, 20, 50, 100, 300):
+            x = torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16)
+            for q, scale in weights:
+                out = weight_only.linear(x, q, scale, fits_fp16=True)
+                reference = weight_only.reference(x.float(), q, scale)
+                assert (out.float() - reference).norm() / reference.norm() < 1e-2
+            if rows == 1:
+                first = compiled()  # the first launch waited for the threads
+        assert compiled() == first == planned

@@ -25,12 +25,14 @@ import torch
 from torch import Tensor
 from torch.cuda import CUDAGraph
 
+from hymt_serve.engine import ahead, quantized, weight_only
 from hymt_serve.engine.attention import kernel_name, num_splits, prompt_kernel_name
 from hymt_serve.engine.model import forward_pass, make_step_functions, rope_tables
 from hymt_serve.engine.prefill import (
     MIXED_KEYS,
     MIXED_ROWS,
     MIXED_TOKENS,
+    PREFILL_TOKENS,
     PackedPrefill,
     side_stream,
 )
@@ -255,7 +257,44 @@ class FastRunner(PackedPrefill):
         return forward_pass(self.weights, self.shape, self.fns, self.rope, self.caches, batch)
 
     def capture(self, compile_: bool) -> None:
-        """Compile (optionally) and capture one CUDA graph per bucket, largest first."""
+        """Compile (optionally) and capture one CUDA graph per bucket, largest first; our
+        weight-only kernels compile ahead meanwhile, in threads (:mod:`.ahead`)."""
+        start = time.perf_counter()
+        with ahead.compile_ahead(self._weight_only_launches, self.device) as kernels:
+            self.timings["ahead_plan_s"] = time.perf_counter() - start
+            self._capture(compile_)
+        logger.info("fast engine: %d weight-only kernels compiled ahead", kernels)
+
+    def _weight_only_launches(self) -> None:
+        """Each product of the steps once for each class of row count it takes (up to the
+        most tokens a step holds; the head: the most rows of logits), on empty inputs: the
+        weight-only kernels' launches, which :func:`.ahead.compile_ahead` records."""
+        tokens = max(PREFILL_TOKENS, self.buckets[-1] + self.mixed_tokens)
+        mixed = self._mixed_rows(self.mixed_tokens) if self.mixed_tokens else 0
+        logits = max(self.buckets[-1] + mixed, self._prefill_rows(PREFILL_TOKENS))
+        lw, fits = self.weights.layers[0], self.shape.norms_fit_fp16
+        products = (
+            (lw.qkv, lw.qkv_scale, lw.qkv_input, fits, tokens),
+            (lw.o, lw.o_scale, lw.o_input, False, tokens),
+            (lw.gate_up, lw.gate_up_scale, lw.gate_up_input, fits, tokens),
+            (lw.down, lw.down_scale, lw.down_input, False, tokens),
+            (*self.weights.head, fits, logits),
+        )
+        with torch.inference_mode():
+            for weight, scale, input_scale, fits_fp16, most in products:
+                plain = weight.dtype == self.weights.dtype
+                if not plain and weight_only.kind_of(weight) is None:
+                    continue  # (FP8: torch._scaled_mm)
+                for rows in weight_only.ROW_CLASSES:
+                    if rows > most or (plain and rows > 1):  # (more rows: cuBLAS)
+                        continue
+                    x = torch.empty(
+                        rows, weight_only.in_features(weight), dtype=self.weights.dtype,
+                        device=self.device,
+                    )  # fmt: skip
+                    quantized.linear(x, weight, scale, input_scale, fits_fp16)
+
+    def _capture(self, compile_: bool) -> None:
         start = time.perf_counter()
         if compile_:
             self.fns = make_step_functions(self.shape, compile_=True)

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from hymt_serve.engine import ahead
 from hymt_serve.engine import weight_only_kernels as kernels
 
 # The weight forms and their reference arithmetic live in weight_forms; named here too, as
@@ -130,6 +131,10 @@ MANY_ROWS_CONFIGS = {
 INT4_TALL_ROWS = 64
 INT4_TALL_CONFIG = Config(128, 64, 64, 8, 3, 264)  # more than INT4_TALL_ROWS rows
 DEEP_ROWS = 256
+# A row count of each class the kernels' configs tell apart (one, few, the many-rows tiles of
+# 32, 64 and 128 rows, int4's tall tiles, widened above DEEP_ROWS): the rows with which the
+# engine compiles its kernels ahead (hymt_serve.engine.ahead).
+ROW_CLASSES = (1, 2, 32, 64, 128, 2 * DEEP_ROWS)
 
 
 # One row of a plain (bf16/fp16) product: the tiled kernel with one live row of its 16 took
@@ -322,8 +327,8 @@ def launch(
     # The span is a runtime argument: one compiled kernel per tile config serves every
     # projection shape and split (as a constant it compiled one per shape, 4-5 a row class,
     # which put seconds on an int8 or int4 engine's start).
-    kernel[grid](
-        x, weight, scale, parts, rows, cols, inputs, x.stride(0),
+    ahead.run(
+        kernel, grid, x, weight, scale, parts, rows, cols, inputs, x.stride(0),
         KIND=kind, GROUP=max(group, 1), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, SPAN=span, num_warps=config.warps, num_stages=config.stages,
         **extra,
@@ -363,9 +368,10 @@ def widen_int4(weight: Tensor, scale: Tensor, group: int, dtype: torch.dtype) ->
     inputs, cols = in_features(weight), out_features(weight)
     out = torch.empty(inputs, cols, dtype=dtype, device=weight.device)
     grid = (triton.cdiv(inputs // 8, WIDEN_WORDS), triton.cdiv(cols, WIDEN_COLUMNS))
-    kernels.widen_int4_kernel[grid](
-        weight, scale, out, cols, inputs, GROUP=group, WORDS=WIDEN_WORDS, BLOCK_N=WIDEN_COLUMNS
-    )
+    ahead.run(
+        kernels.widen_int4_kernel, grid, weight, scale, out, cols, inputs, GROUP=group,
+        WORDS=WIDEN_WORDS, BLOCK_N=WIDEN_COLUMNS,
+    )  # fmt: skip
     return out
 
 
@@ -373,9 +379,8 @@ def sum_splits(parts: Tensor, dtype: torch.dtype) -> Tensor:
     """``parts [splits, rows, out]`` (fp32) summed over the splits, in ``dtype``."""
     out = parts.new_empty(parts.shape[1:], dtype=dtype)
     size, block = out.numel(), 1024
-    kernels.sum_splits_kernel[(triton.cdiv(size, block),)](
-        parts, out, size, parts.shape[0], BLOCK=block
-    )
+    grid = (triton.cdiv(size, block),)
+    ahead.run(kernels.sum_splits_kernel, grid, parts, out, size, parts.shape[0], BLOCK=block)
     return out
 
 

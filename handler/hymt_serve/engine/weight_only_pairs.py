@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hymt_serve.engine import ahead
 from hymt_serve.engine.weight_forms import out_features
 
 try:
@@ -52,9 +53,9 @@ def launch_chain(
     parts = x.new_empty(splits, rows, cols, dtype=torch.float32)
     span = triton.cdiv(inputs, splits * config.block_k) * config.block_k
     grid = (triton.cdiv(cols, config.block_n), splits, rows)
-    int4_chain_kernel[grid](
-        x, weight, scale, parts, rows, cols, inputs, x.stride(0), span, GROUP=group,
-        BLOCK_N=config.block_n, WORDS=words, STREAMS=config.warps,
+    ahead.run(
+        int4_chain_kernel, grid, x, weight, scale, parts, rows, cols, inputs, x.stride(0), span,
+        GROUP=group, BLOCK_N=config.block_n, WORDS=words, STREAMS=config.warps,
         CHAIN=min(CHAIN_WORDS, words), num_warps=config.warps, num_stages=1,
     )  # fmt: skip
     return parts
