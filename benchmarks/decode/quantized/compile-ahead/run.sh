@@ -7,8 +7,8 @@ set -uo pipefail
 out=${1:-$OUT}
 export PYTHONPATH=handler PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt"
-timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_weight_only_gpu.py \
+timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_weight_only_gpu.py \
   -k "compiled_ahead or kernel_matches" 2>&1 | tail -n 5 | tee "$out/gpu_tests.txt"
-timeout 240 python3 benchmarks/decode/ready_time.py --out "$out/ready" \
+timeout 300 python3 benchmarks/decode/ready_time.py --out "$out/ready" \
   --checkpoint /tmp/hymt-7b-random --forms none int4+head --serial int4+head 2>&1 \
   | tee "$out/ready.log" | tail -n 8
