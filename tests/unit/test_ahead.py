@@ -105,3 +105,43 @@ def test_a_failing_plan_costs_the_compiles_ahead_not_the_engine(
     ):
         assert n == 0
     assert "the plan failed" in caplog.text and ahead._recording is None
+
+
+@needs_triton
+@pytest.mark.parametrize("form", ["int8", "int4"])
+def test_the_engines_plan_covers_every_launch_its_steps_make(
+    form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FastRunner's plan against the launches of real generation, the head quantized too:
+    four rows prefill together, then rows of 50, 100 and 300 tokens join the running batch
+    in mixed steps, and the batch decodes at 1-4 rows. Every launch the steps make is one
+    the plan compiled, so none compiles at its launch on the GPU."""
+    from runner_helpers import generate
+    from test_fast_engine import tiny_model
+
+    from hymt_serve.engine.fast import build_fast_runner
+    from hymt_serve.engine.types import GenerationRow
+
+    monkeypatch.setattr(weight_only, "kernel_available", lambda x: True)  # the kernels' path
+    monkeypatch.setattr(weight_only, "bf16_pairs", lambda x: x.dtype == torch.bfloat16)
+    model = tiny_model(hidden_size=256, intermediate_size=512, head_dim=64)
+    runner = build_fast_runner(
+        model.to(torch.bfloat16), max_batch_size=4, max_seq_len=400, quantize=form,
+        quantize_head=True,
+    )  # fmt: skip
+    plan = ahead.record(runner._weight_only_launches)
+    planned = {ahead.spec_key(kernel, args, kwargs) for kernel, _, args, kwargs in plan}
+    lengths = [(5, 9), (10, 4), (7, 12), (3, 15), (50, 3), (100, 6), (300, 2), (1, 2)]
+    rows = [GenerationRow(tuple(range(3, 3 + n)), new) for n, new in lengths]
+    launches = ahead.record(lambda: generate(runner, rows))  # (the outputs: empty tensors)
+    # the steps take every class of rows: the tiles of 16 (one row of int8 included), 32, 64
+    # and 128 rows; int4 also its own one row, the sum over its splits and the widening
+    tiles = {(k.fn.__name__, kwargs.get("BLOCK_M")) for k, _, _, kwargs in launches}
+    assert {("weight_only_kernel", m) for m in (16, 32, 64, 128)} <= tiles
+    int4 = {("int4_chain_kernel", None), ("sum_splits_kernel", None), ("widen_int4_kernel", None)}
+    assert int4 <= tiles if form == "int4" else not int4 & tiles
+    missed = [
+        (kernel.fn.__name__, kwargs) for kernel, _, args, kwargs in launches
+        if ahead.spec_key(kernel, args, kwargs) not in planned
+    ]  # fmt: skip
+    assert missed == []
