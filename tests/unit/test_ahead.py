@@ -136,7 +136,7 @@ def test_the_engines_plan_covers_every_launch_its_steps_make(
     launches = ahead.record(lambda: generate(runner, rows))  # (the outputs: empty tensors)
     # the steps take every class of rows: the tiles of 16 (one row of int8 included), 32, 64
     # and 128 rows; int4 also its own one row, the sum over its splits and the widening
-    tiles = {(k.fn.__name__, kwargs.get("BLOCK_M")) for k, _, _, kwargs in launches}
+    tiles = {(kernel.fn.__name__, kwargs.get("BLOCK_M")) for kernel, _, _, kwargs in launches}
     assert {("weight_only_kernel", m) for m in (16, 32, 64, 128)} <= tiles
     int4 = {("int4_chain_kernel", None), ("sum_splits_kernel", None), ("widen_int4_kernel", None)}
     assert int4 <= tiles if form == "int4" else not int4 & tiles
