@@ -125,11 +125,11 @@ def compile_ahead(
         yield 0
         return
     workers = max(1, min(threads, len(launches), (os.cpu_count() or 2) - 1))
-    pool = ThreadPoolExecutor(
-        workers, thread_name_prefix="compile-ahead", initializer=torch.cuda.set_device,
-        initargs=(device,),
-    )  # fmt: skip
     index = torch.cuda.current_device() if device.index is None else device.index
+    pool = ThreadPoolExecutor(  # (set_device takes no index-less "cuda": the index it means)
+        workers, thread_name_prefix="compile-ahead", initializer=torch.cuda.set_device,
+        initargs=(index,),
+    )  # fmt: skip
     for kernel, *_ in launches:
         caches = getattr(kernel, "device_caches", None)  # Triton's, per device: made here,
         if caches is not None:  # not by two threads at once (one's compiles would be lost)
