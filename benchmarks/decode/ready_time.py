@@ -9,8 +9,10 @@ random-weight folder is written first when ``--checkpoint`` does not exist yet (
 checkpoint for ``fp8-checkpoint``). Each row also counts the kernels Triton compiled (inductor's,
 and ours by name: every specialisation is a compile). ``--serial FORM ...`` runs those forms
 once more with none of our weight-only kernels compiled ahead (each at its first launch, as
-before hymt_serve.engine.ahead). Writes ``ready.json`` and ``ready.md`` to
-``--out``.
+before hymt_serve.engine.ahead). ``--rounds N`` runs every form N times, each round in
+another order (the host's noise drifts within a run): each row's ratio is to bf16's ready time
+of its own round, and a second table gives each form's medians. Writes ``ready.json`` and
+``ready.md`` to ``--out``.
 
     PYTHONPATH=handler python benchmarks/decode/ready_time.py --out DIR --forms none fp8 int8
 """
@@ -21,6 +23,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -148,26 +151,53 @@ def triton_compiles(cache: Path) -> dict[str, Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    bf16 = next((r["ready_s"] for r in report["rows"] if r["form"] == "none"), None)
+    rows = report["rows"]
+    bf16 = {
+        r.get("round", 0): r["ready_s"] for r in rows if r["form"] == "none" and "error" not in r
+    }
     lines = [
         f"# Ready time per weight form ({report['gpu']}, {report['date']})",
         "",
         f"`{report['command']}`: each form in its own process with empty compile caches; "
         f"{ROWS} rows of {INPUT_TOKENS} + {NEW_TOKENS} tokens (the GPU profile).",
         "",
-        "| form | weights GB | load s | build s | ready s | x bf16 | Triton kernels compiled |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| round | form | weights GB | load s | build s | ready s | x bf16 "
+        "| Triton kernels compiled |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    for row in report["rows"]:
+    ratios: dict[str, list[float]] = {}
+    ready: dict[str, list[float]] = {}
+    for row in rows:
+        round_ = row.get("round", 0)
         if "error" in row:
-            lines.append(f"| {row['form']} | failed: see ready.json | | | | | |")
+            lines.append(f"| {round_} | {row['form']} | failed: see ready.json | | | | | |")
             continue
-        ratio = f"{row['ready_s'] / bf16:.2f}" if bf16 else ""
+        ratio = row["ready_s"] / bf16[round_] if round_ in bf16 else None
+        ready.setdefault(row["form"], []).append(row["ready_s"])
+        if ratio is not None:
+            ratios.setdefault(row["form"], []).append(ratio)
         ours = ", ".join(f"{k} {v}" for k, v in sorted(row.get("our_kernels", {}).items()))
         lines.append(
-            f"| {row['form']} | {row['weight_gb']} | {row['load_s']} | {row['build_s']} "
-            f"| {row['ready_s']} | {ratio} | {row.get('inductor_kernels', '')}; {ours} |"
+            f"| {round_} | {row['form']} | {row['weight_gb']} | {row['load_s']} "
+            f"| {row['build_s']} | {row['ready_s']} | {'' if ratio is None else f'{ratio:.2f}'} "
+            f"| {row.get('inductor_kernels', '')}; {ours} |"
         )
+    if len(bf16) > 1:
+        lines += [
+            "",
+            "Per form over the rounds: the median ready time, and the median of the ratios to "
+            "bf16's ready time in the same round.",
+            "",
+            "| form | rounds | median ready s | median x bf16 | x bf16 per round |",
+            "| --- | ---: | ---: | ---: | --- |",
+        ]
+        for form, times in ready.items():
+            each = ratios.get(form, [])
+            median_ratio = f"{statistics.median(each):.2f}" if each else ""
+            lines.append(
+                f"| {form} | {len(times)} | {statistics.median(times):.2f} | {median_ratio} "
+                f"| {', '.join(f'{r:.2f}' for r in each)} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -180,6 +210,10 @@ def main() -> None:
         "--serial", nargs="*", choices=FORMS, default=[],
         help="forms to run once more with no kernel compiled ahead (hymt_serve.engine.ahead)",
     )  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="run every form this many times, each round starting one form later",
+    )  # fmt: skip
     parser.add_argument("--one", choices=FORMS, help=argparse.SUPPRESS)  # the child process
     parser.add_argument("--serial-one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -191,11 +225,7 @@ def main() -> None:
     import torch
 
     prepare(args.checkpoint, args.forms)
-    rows = []
-    runs = [(form, False) for form in args.forms] + [(form, True) for form in args.serial]
-    for form, serial in runs:
-        rows.append(run_fresh(args.checkpoint, form, serial))
-        print(rows[-1], flush=True)
+    rows: list[dict[str, Any]] = []
     report = {
         "gpu": torch.cuda.get_device_name(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -203,8 +233,15 @@ def main() -> None:
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ready.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "ready.md").write_text(markdown(report))
+    runs = [(form, False) for form in args.forms] + [(form, True) for form in args.serial]
+    for round_ in range(args.rounds):
+        shift = round_ % len(runs)
+        for form, serial in runs[shift:] + runs[:shift]:
+            rows.append({"round": round_, **run_fresh(args.checkpoint, form, serial)})
+            print(rows[-1], flush=True)
+            # written after every row: a run cut short by a time limit keeps what it measured
+            (args.out / "ready.json").write_text(json.dumps(report, indent=2) + "\n")
+            (args.out / "ready.md").write_text(markdown(report))
     print(markdown(report))
 
 

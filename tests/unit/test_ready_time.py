@@ -52,3 +52,25 @@ def test_the_table_has_every_column_for_failed_and_measured_forms() -> None:
     lines = [line for line in table.splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in lines}) == 1, lines
     assert "| 33; prompt_kernel 1 |" in lines[2]
+
+
+def test_rounds_are_compared_with_bf16_of_their_own_round_and_summarised_by_medians() -> None:
+    module = ready_time()
+
+    def row(round_: int, form: str, ready_s: float) -> dict[str, object]:
+        return {"round": round_, "form": form, "weight_gb": 1.0, "load_s": 1.0,
+                "build_s": ready_s - 1.0, "ready_s": ready_s}  # fmt: skip
+
+    rows = [
+        row(0, "none", 20.0), row(0, "int4+head", 30.0),  # 1.50
+        row(1, "int4+head", 33.0), row(1, "none", 30.0),  # 1.10
+        row(2, "none", 25.0), row(2, "int4+head", 25.0),  # 1.00
+        {"round": 2, "form": "int8", "error": "Traceback ..."},
+    ]  # fmt: skip
+    table = module.markdown({"gpu": "GPU", "date": "today", "command": "python", "rows": rows})
+    lines = [line for line in table.splitlines() if line.startswith("|")]
+    assert "| 1 | int4+head | 1.0 | 1.0 | 32.0 | 33.0 | 1.10 |" in lines[4]
+    summary = next(line for line in lines if line.startswith("| int4+head | 3 |"))
+    assert summary == "| int4+head | 3 | 30.00 | 1.10 | 1.50, 1.10, 1.00 |"
+    assert "| none | 3 | 25.00 | 1.00 |" in table
+    assert not any(line.startswith("| int8 | ") for line in lines)  # failed: no summary

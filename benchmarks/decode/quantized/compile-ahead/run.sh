@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: the GPU test of compiling ahead, then the
-# ready time of bf16 and int4 + head with the weight-only kernels compiled ahead,
+# ready time of bf16, int4 + head and int8 + head with the weight-only kernels compiled ahead,
 # and int4 + head once more with none compiled ahead (serial, as before), each in a fresh
-# process with empty caches (ready_time.py). Results under $1 (default $OUT).
+# process with empty caches (ready_time.py), three rounds in turned orders. Results under $1
+# (default $OUT).
 set -uo pipefail
 out=${1:-$OUT}
 export PYTHONPATH=handler PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt"
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_weight_only_gpu.py \
   -k "compiled_ahead or kernel_matches" 2>&1 | tail -n 5 | tee "$out/gpu_tests.txt"
-timeout 300 python3 benchmarks/decode/ready_time.py --out "$out/ready" \
-  --checkpoint /tmp/hymt-7b-random --forms none int4+head --serial int4+head 2>&1 \
-  | tee "$out/ready.log" | tail -n 8
+timeout 520 python3 benchmarks/decode/ready_time.py --out "$out/ready" \
+  --checkpoint /tmp/hymt-7b-random --forms none int4+head int8+head --serial int4+head \
+  --rounds 3 2>&1 \
+  | tee "$out/ready.log" | tail -n 12
