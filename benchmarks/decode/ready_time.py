@@ -43,7 +43,7 @@ FORMS = (
     "fp8-checkpoint+head",
 )
 ROWS, INPUT_TOKENS, NEW_TOKENS = 128, 1024, 512  # configs/model-config-gpu.yaml
-TIMINGS = ("ahead_plan_s", "warmup_compile_s", "capture_s", "prefill_capture_s")
+TIMINGS = ("ahead_plan_s", "ahead_wait_s", "warmup_compile_s", "capture_s", "prefill_capture_s")
 
 
 def folder_for(checkpoint: Path, form: str) -> Path:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import time
 from collections import Counter
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 import torch
@@ -90,6 +92,23 @@ def test_a_kernel_that_failed_to_compile_ahead_is_logged_and_not_waited_for_agai
         ahead.wait_ahead()
     assert ahead._pending == []
     assert [r.exc_info[1] for r in caplog.records if r.exc_info] == [failed.exception()]
+
+
+def test_the_first_launch_waits_for_the_threads_and_the_wait_is_added_up() -> None:
+    launched = []
+
+    class Kernel:  # kernel[grid](*args): what Triton's kernels take
+        def __getitem__(self, grid: tuple[int]) -> Callable[..., None]:
+            return lambda *args: launched.append((grid, args))
+
+    with ThreadPoolExecutor(1) as pool, ahead.compile_ahead(lambda: None, torch.device("cpu")):
+        assert ahead.waited_s == 0.0  # (reset as compiling ahead begins)
+        ahead._pending.append(pool.submit(time.sleep, 0.2))
+        ahead.run(Kernel(), (3,), "x")
+        waited = ahead.waited_s
+        ahead.run(Kernel(), (4,), "y")  # nothing more to wait for
+    assert launched == [((3,), ("x",)), ((4,), ("y",))]
+    assert 0.15 < waited == ahead.waited_s < 5 and ahead._pending == []
 
 
 def test_a_failing_plan_costs_the_compiles_ahead_not_the_engine(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ THREADS = 8  # compile threads at most (one core stays for the main thread)
 Launch = tuple[Any, Any, tuple[Any, ...], dict[str, Any]]  # kernel, grid, arguments, keywords
 _recording: list[Launch] | None = None
 _pending: list[Future[Any]] = []
+waited_s = 0.0  # how long launches waited for the threads, since compiling ahead last began
 
 
 def run(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
@@ -51,9 +53,12 @@ def run(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
 
 def wait_ahead() -> None:
     """Wait for the kernels compiling ahead (a failed one compiles again at its launch)."""
+    global waited_s
     futures = list(_pending)
     _pending.clear()
+    start = time.perf_counter()
     wait(futures)
+    waited_s += time.perf_counter() - start
     for future in futures:
         if future.exception() is not None:
             logger.warning(
@@ -111,7 +116,10 @@ def compile_ahead(
 ) -> Iterator[int]:
     """Inside the block, the kernels ``plan`` launches compile in up to ``threads`` threads
     (default :data:`THREADS`); the block's first :func:`run` waits for them, and so does its
-    end. Yields how many compile. Does nothing off CUDA or with ``threads`` 0."""
+    end (:data:`waited_s` adds up the waits). Yields how many compile. Does nothing off CUDA
+    or with ``threads`` 0."""
+    global waited_s
+    waited_s = 0.0
     threads = THREADS if threads is None else threads
     if device.type != "cuda" or threads < 1:
         yield 0

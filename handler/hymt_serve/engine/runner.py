@@ -263,6 +263,7 @@ class FastRunner(PackedPrefill):
         with ahead.compile_ahead(self._weight_only_launches, self.device) as kernels:
             self.timings["ahead_plan_s"] = time.perf_counter() - start
             self._capture(compile_)
+        self.timings["ahead_wait_s"] = ahead.waited_s  # (the threads on the critical path)
         logger.info("fast engine: %d weight-only kernels compiled ahead", kernels)
 
     def _weight_only_launches(self) -> None:
