@@ -10,7 +10,7 @@ checkpoint for ``fp8-checkpoint``). Each row also counts the kernels Triton comp
 and ours by name: every specialisation is a compile). ``--serial FORM ...`` runs those forms
 once more with none of our weight-only kernels compiled ahead (each at its first launch, as
 before hymt_serve.engine.ahead). ``--rounds N`` runs every form N times, each round in
-another order (the host's noise drifts within a run): each row's ratio is to bf16's ready time
+another order (the host's speed moves from run to run): each row's ratio is to bf16's ready time
 of its own round, and a second table gives each form's medians. Writes ``ready.json`` and
 ``ready.md`` to ``--out``.
 
