@@ -115,7 +115,7 @@ def measure_one(checkpoint: Path, form: str, serial: bool = False) -> dict[str, 
         "load_s": round(loaded_at - start, 2),
         "build_s": round(done - loaded_at, 2),
         "ready_s": round(done - start, 2),
-        "weight_gb": round(int(described["weight_bytes"]) / 1e9, 3),  # type: ignore[call-overload]
+        "weight_gb": round(int(described["weight_bytes"]) / 1e9, 3),
         # the build's parts: compiling (with the warm-up), capturing the decode and prefill graphs
         **{key: described[key] for key in TIMINGS if key in described},
     }
