@@ -20,7 +20,7 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from hymt_serve.ops.launcher import KEY_FILE, Server
-from hymt_serve.web.app import create_app
+from hymt_serve.web.app import TORCHSERVE_BUSY, create_app
 from hymt_serve.web.keys import ClientKeys
 
 MODEL = "hunyuan-mt"
@@ -215,7 +215,9 @@ def test_torchserve_errors_are_mapped(
     upstream.reply(PREDICTIONS, torchserve_body, status=status)
     response = client.post("/api/translate", json={"text": "Hello", "target_lang": "fr"})
     assert response.status_code == status
-    assert response.get_json() == {"error": torchserve_body["message"], "error_type": error_type}
+    # TorchServe's 503 advises its operator to scale workers: a client is told to retry
+    message = TORCHSERVE_BUSY if status == 503 else torchserve_body["message"]
+    assert response.get_json() == {"error": message, "error_type": error_type}
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -402,7 +404,7 @@ def test_refine_calls_both_models_with_the_inference_key(
     assert chimera.headers["Authorization"] == "Bearer inference-key"
     upstream.reply(CHIMERA_PREDICTIONS, {"code": 503, "type": "x", "message": "no worker"}, 503)
     failed = client.post("/api/refine", json=body)
-    assert failed.status_code == 503 and failed.get_json()["error"] == "no worker"
+    assert failed.status_code == 503 and failed.get_json()["error"] == TORCHSERVE_BUSY
     assert client.post("/api/refine", data="nope").status_code == 400
 
 

@@ -212,6 +212,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="characters the key of a newly created key file may have translated",
     )
     web.add_argument(
+        "--require-keys",
+        action="store_true",
+        help="ask for a client key on every route but the page and the probes even on "
+        "loopback (always so on any other address: behind a proxy on the same host, say)",
+    )
+    web.add_argument(
+        "--requests-per-key",
+        type=int,
+        default=32,
+        help="requests one client key (or, without keys, one address) may have in progress",
+    )
+    web.add_argument(
         "--threads",
         type=int,
         default=64,

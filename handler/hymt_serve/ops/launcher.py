@@ -41,10 +41,35 @@ from hymt_serve.ops.server_logs import (
 )
 
 KEY_FILE = "key_file.json"
+KEY_FILE_WAIT_S = 2.0
+
+
+class KeyFileUnavailable(OSError):
+    """TorchServe's key file stayed unreadable (it is being rewritten, or the server is gone)."""
 
 
 def _url(address: str) -> str:
     return address.replace("0.0.0.0", "127.0.0.1")
+
+
+def _read_key_file(path: Path) -> dict[str, str]:
+    """The keys of ``path`` ({} when it does not exist), cached while its size and time stay
+    the same (it is read at every call of the web front end)."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return {}
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    cached = _KEY_CACHE.get(path)
+    if cached is not None and cached[0] == stamp:
+        return dict(cached[1])
+    data = json.loads(path.read_text(encoding="utf-8"))
+    keys = {str(api): str(entry["key"]) for api, entry in data.items() if "key" in entry}
+    _KEY_CACHE[path] = (stamp, keys)
+    return dict(keys)
+
+
+_KEY_CACHE: dict[Path, tuple[tuple[int, int], dict[str, str]]] = {}
 
 
 # --- the server -------------------------------------------------------------------------------
@@ -77,12 +102,20 @@ class Server:
         return _url(self.properties().get("metrics_address", "http://127.0.0.1:8082"))
 
     def keys(self) -> dict[str, str]:
-        """The current token keys by API ("inference", "management"); {} when auth is off."""
+        """The current token keys by API ("inference", "management"); {} when auth is off.
+
+        TorchServe rewrites its key file at each start, in place: a read can find it empty
+        or half written. Such a read is tried again for up to ``KEY_FILE_WAIT_S``; then
+        KeyFileUnavailable (an OSError: the server is as good as down)."""
         path = self.workdir / KEY_FILE
-        if not path.is_file():
-            return {}
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return {api: entry["key"] for api, entry in data.items() if "key" in entry}
+        deadline = time.monotonic() + KEY_FILE_WAIT_S
+        while True:
+            try:
+                return _read_key_file(path)
+            except (ValueError, TypeError, AttributeError, OSError) as error:
+                if time.monotonic() >= deadline:
+                    raise KeyFileUnavailable(f"{path} cannot be read ({error})") from error
+            time.sleep(0.05)
 
     def headers(self, api: str) -> dict[str, str]:
         key = self.keys().get(api)

@@ -181,7 +181,8 @@ def cmd_web(args: argparse.Namespace) -> int:
     from waitress import serve
 
     from hymt_serve.request.errors import ConfigurationError
-    from hymt_serve.web.app import create_app
+    from hymt_serve.web.app import create_app, is_loopback
+    from hymt_serve.web.fairness import KeyLimits
     from hymt_serve.web.keys import KEYS_FILE, ClientKeys
 
     server = _server(args.workdir)
@@ -192,13 +193,24 @@ def cmd_web(args: argparse.Namespace) -> int:
     except ConfigurationError as error:
         print(f"hymt web: {error}", file=sys.stderr)
         return 1
+    if args.requests_per_key < 1:
+        print("hymt web: --requests-per-key must be 1 or more", file=sys.stderr)
+        return 1
+    require_keys = args.require_keys or not is_loopback(args.host)
     server.web_pid_path.write_text(f"{os.getpid()}\n")  # for hymt stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"translation page on http://{args.host}:{args.port}/ (TorchServe key stays here)")
     print(f"LibreTranslate and DeepL compatible APIs there too, keys in {key_file}")
+    if require_keys:
+        print("every route but the page and the probes asks for a client key of that file")
     try:
         app = create_app(
-            server, args.model, refine_model=args.refine_model, client_keys=client_keys
+            server,
+            args.model,
+            refine_model=args.refine_model,
+            client_keys=client_keys,
+            require_keys=require_keys,
+            limits=KeyLimits(args.requests_per_key),
         )
         serve(app, host=args.host, port=args.port, threads=args.threads)
     finally:

@@ -1,7 +1,15 @@
 """The web front end: serves the page and forwards translations to TorchServe.
 
 The TorchServe inference key stays on this server (read from the key file at each call, so a
-renewed key is picked up); the browser never sees it. ``/api/translate`` is a proxy of the
+renewed key is picked up); the browser never sees it.
+
+Who may call what (``ALWAYS_OPEN``, ``OWN_KEYS``): the page itself and the health probes are
+open. The LibreTranslate, DeepL and v2 inference APIs always ask for a client key (each in its
+API's own way). Everything else (the page's ``/api/*``, the language and model lists) is open
+when the front end listens on loopback only, and asks for a client key (``Authorization:
+Bearer <key>``, characters counted against its limit) when ``require_keys`` (``hymt web`` sets
+it for any other address). Every call to TorchServe holds an upstream slot and every client
+request counts against its client's limit (:mod:`.fairness`). ``/api/translate`` is a proxy of the
 request API: the JSON object the browser sent is forwarded whole, so TorchServe's and the
 handler's own answers (errors included) reach the browser. A single text is streamed unless the
 client says otherwise: the page receives TorchServe's newline-delimited JSON as it is generated.
@@ -11,20 +19,22 @@ from __future__ import annotations
 
 import functools
 import http.cookiejar
+import ipaddress
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import requests
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, g, jsonify, request
 
-from hymt_serve.ops.launcher import Server, handler_description
+from hymt_serve.ops.launcher import KeyFileUnavailable, Server, describe_model, handler_description
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.web.compat import add_compat_routes
 from hymt_serve.web.deepl_documents import DocumentJobs, add_document_routes
-from hymt_serve.web.keys import ClientKeys
+from hymt_serve.web.fairness import Busy, KeyLimits, Post, Upstream
+from hymt_serve.web.keys import ClientKey, ClientKeys, bearer
 from hymt_serve.web.oip_routes import add_oip_routes
-from hymt_serve.web.refine import Post, refine
+from hymt_serve.web.refine import refine
 
 DEFAULT_MAX_CHARS = 4000
 DEFAULT_MAX_DOCUMENT_BYTES = 1_048_576
@@ -50,6 +60,33 @@ EMPTY_BODY_MESSAGES = {
     413: "the request is larger than the server accepts",
     503: "the server is busy",
 }
+# TorchServe's own 503 (a full job queue, or no live worker) says "use scale workers API":
+# advice for its operator, not for a client.
+TORCHSERVE_BUSY = "the translation server is busy or restarting: retry in a moment"
+# Open whoever asks: the page and its files, and the probes (a kubelet sends no key).
+ALWAYS_OPEN = frozenset({"page", "favicon", "static", "live", "server_ready", "model_ready"})
+# Routes that check their API's own client key whatever the address (LibreTranslate, DeepL, v2).
+OWN_KEYS = frozenset(
+    {
+        "libre_translate",
+        "deepl_translate",
+        "deepl_languages",
+        "deepl_usage",
+        "deepl_upload",
+        "deepl_document_status",
+        "deepl_document_result",
+        "infer",
+    }
+)
+QUOTA_REACHED = {
+    "error": "the character limit of this key is reached",
+    "error_type": "quota_exceeded",
+}
+NEEDS_KEY = {
+    "error": "this server needs a client key: send 'Authorization: Bearer <key>' "
+    "(a key of hymt web's key file)",
+    "error_type": "unauthorized",
+}
 
 
 def create_app(
@@ -57,12 +94,23 @@ def create_app(
     model: str = "hunyuan-mt",
     refine_model: str | None = None,
     client_keys: ClientKeys | None = None,
+    *,
+    require_keys: bool = False,
+    upstream: Upstream | None = None,
+    limits: KeyLimits | None = None,
 ) -> Flask:
     """The Flask app for the page of TorchServe ``server`` serving ``model`` (and, for
     ``/api/refine``, the Hunyuan-MT-Chimera model named ``refine_model``); with
-    ``client_keys``, also the LibreTranslate and DeepL compatible APIs (:mod:`.compat`)."""
+    ``client_keys``, also the LibreTranslate and DeepL compatible APIs (:mod:`.compat`).
+    ``require_keys``: every route but ``ALWAYS_OPEN`` needs a client key (``client_keys``
+    required then)."""
+    if require_keys and client_keys is None:
+        raise ValueError("require_keys needs client_keys")
     app = Flask(__name__, static_folder="static", static_url_path="/static")
     predictions = f"{server.inference_url()}/predictions/{model}"
+    upstream = upstream or Upstream(functools.partial(_queue_size, server, model))
+    limits = limits or KeyLimits()
+    post = _poster(server, upstream)
     if client_keys is not None:
         known: dict[str, int] = {}
 
@@ -74,16 +122,36 @@ def create_app(
                     known["max_texts"] = int(settings["max_texts_per_request"])
             return known.get("max_texts", DEFAULT_MAX_TEXTS)
 
-        add_compat_routes(app, _poster(server), model, client_keys, max_texts)
-        jobs = DocumentJobs(_poster(server), model, client_keys)
+        add_compat_routes(app, post, model, client_keys, max_texts, limits)
+        jobs = DocumentJobs(post, model, client_keys)
         add_document_routes(app, jobs, client_keys)
-        add_oip_routes(app, server, model, client_keys, functools.partial(_relay_bytes, server))
+        relay = functools.partial(_relay_bytes, server, upstream)
+        add_oip_routes(app, server, model, client_keys, relay, limits)
+
+    @app.before_request
+    def check_key() -> Any:
+        """Where keys are required, the key of every request outside the open routes."""
+        g.client_key = None
+        endpoint = request.endpoint or ""
+        if not require_keys or endpoint in ALWAYS_OPEN or endpoint in OWN_KEYS:
+            return None
+        assert client_keys is not None  # checked above: require_keys needs them
+        g.client_key = client_keys.find(bearer(request.headers.get("Authorization", "")))
+        if g.client_key is None:
+            return _response(NEEDS_KEY, 401)
+        return None
+
+    @app.errorhandler(Busy)
+    def busy(error: Busy) -> Response:
+        response = _response(error.body(), error.status)
+        response.headers["Retry-After"] = str(error.retry_after)
+        return response
 
     @app.get("/")
     def page() -> Any:
         return app.send_static_file("index.html")
 
-    @app.get("/favicon.ico")
+    @app.get("/favicon.ico", endpoint="favicon")
     def favicon() -> Any:
         # Browsers ask for /favicon.ico whatever the page links; the SVG serves both.
         return app.send_static_file("favicon.svg")
@@ -116,7 +184,17 @@ def create_app(
                 error="send a JSON object with the header 'Content-Type: application/json'",
                 error_type="invalid_request",
             ), 400
-        return _forward(server, predictions, _with_default_stream(body))
+        key: ClientKey | None = g.client_key
+        with limits.hold(_client(key)):
+            if key is None or client_keys is None:
+                return _forward(server, upstream, predictions, _with_default_stream(body))
+            characters = _characters(body)
+            if not client_keys.reserve(key, characters):
+                return _response(QUOTA_REACHED, 429)
+            answer = _forward(server, upstream, predictions, _with_default_stream(body))
+            if answer.status_code != 200:
+                client_keys.refund(key, characters)
+            return answer
 
     @app.post("/api/refine")
     def refine_translation() -> Any:
@@ -132,10 +210,21 @@ def create_app(
                 error="send a JSON object with the header 'Content-Type: application/json'",
                 error_type="invalid_request",
             ), 400
-        status, answer = refine(body, _poster(server), model, refine_model)
+        with limits.hold(_client(g.client_key)):
+            status, answer = refine(body, post, model, refine_model)
         return jsonify(answer), status
 
     return app
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (hymt web's --host) listens on this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any address
 
 
 def _with_default_stream(body: dict[str, Any]) -> dict[str, Any]:
@@ -157,36 +246,45 @@ def _json_object() -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def _forward(server: Server, url: str, payload: dict[str, Any]) -> Any:
-    """POST ``payload`` to ``url`` with the inference key; the answer as a Flask response."""
+def _forward(server: Server, upstream: Upstream, url: str, payload: dict[str, Any]) -> Response:
+    """POST ``payload`` to ``url`` with the inference key, holding an upstream slot (until
+    the end of a streamed answer); the answer as a Flask response."""
     streaming = payload.get("stream") is True
+    upstream.acquire()
     try:
-        upstream = _post_upstream(server, url, payload, streaming)
-    except requests.RequestException:
-        return jsonify(UNREACHABLE), 502
-    return _answer(upstream, streaming)
+        answer = _post_upstream(server, url, payload, streaming)
+    except (requests.RequestException, KeyFileUnavailable):
+        upstream.release()
+        return _response(UNREACHABLE, 502)
+    if streaming and answer.ok:
+        return Response(
+            _relay(answer, upstream.release), status=answer.status_code, mimetype=NDJSON
+        )
+    upstream.release()
+    return _answer(answer)
 
 
-def _relay_bytes(server: Server, url: str, data: bytes, headers: Mapping[str, str]) -> Response:
+def _relay_bytes(
+    server: Server, upstream: Upstream, url: str, data: bytes, headers: Mapping[str, str]
+) -> Response:
     """POST ``data`` as it came (with ``headers``) to ``url`` with the inference key."""
     try:
-        upstream = _session().post(
-            url,
-            data=data,
-            headers={**headers, **server.headers("inference")},
-            timeout=(5, 600),
-        )
-    except requests.RequestException:
+        with upstream.slot():
+            answer = _session().post(
+                url,
+                data=data,
+                headers={**headers, **server.headers("inference")},
+                timeout=(5, 600),
+            )
+    except (requests.RequestException, KeyFileUnavailable):
         return _response(UNREACHABLE, 502)
-    return _answer(upstream)
+    return _answer(answer)
 
 
-def _answer(upstream: requests.Response, streaming: bool = False) -> Response:
-    """TorchServe's answer as a Flask response (its errors as ``{error, error_type}``)."""
+def _answer(upstream: requests.Response) -> Response:
+    """TorchServe's whole answer as a Flask response (its errors as ``{error, error_type}``)."""
     if not upstream.ok:
         return _response(_error_body(upstream), upstream.status_code)
-    if streaming:
-        return Response(_relay(upstream), status=upstream.status_code, mimetype=NDJSON)
     return Response(
         upstream.content,
         status=upstream.status_code,
@@ -226,33 +324,37 @@ def _post_upstream(
     )
 
 
-def _poster(server: Server) -> Post:
-    """A call of one model's predictions (not streamed) that answers (status, JSON object)."""
+def _poster(server: Server, upstream: Upstream) -> Post:
+    """A call of one model's predictions (not streamed) that answers (status, JSON object),
+    holding an upstream slot (raises Busy when none comes)."""
 
     def post(model: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         url = f"{server.inference_url()}/predictions/{model}"
         try:
-            upstream = _post_upstream(server, url, payload)
-        except requests.RequestException:
+            with upstream.slot():
+                answer = _post_upstream(server, url, payload)
+        except (requests.RequestException, KeyFileUnavailable):
             return 502, UNREACHABLE
-        if not upstream.ok:
-            return upstream.status_code, _error_body(upstream)
+        if not answer.ok:
+            return answer.status_code, _error_body(answer)
         try:
-            answer = upstream.json()
+            body = answer.json()
         except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
+            body = None
+        if not isinstance(body, dict):
             return 502, {"error": f"{model} answered no JSON object", "error_type": "server_error"}
-        return 200, answer
+        return 200, body
 
     return post
 
 
-def _relay(upstream: requests.Response) -> Iterator[bytes]:
+def _relay(upstream: requests.Response, done: Callable[[], None]) -> Iterator[bytes]:
+    """The streamed answer's bytes as they come; ``done`` at its end (or the client's)."""
     try:
         yield from upstream.iter_content(chunk_size=None)
     finally:
         upstream.close()
+        done()
 
 
 def _error_body(upstream: requests.Response) -> dict[str, Any]:
@@ -268,10 +370,34 @@ def _error_body(upstream: requests.Response) -> dict[str, Any]:
     if isinstance(body, dict) and "error_type" in body:
         return body
     message = body.get("message") if isinstance(body, dict) else None
+    if status == 503:
+        message = TORCHSERVE_BUSY
     return {
         "error": message or EMPTY_BODY_MESSAGES.get(status, f"HTTP {status}"),
         "error_type": TORCHSERVE_TYPES.get(status, "server_error"),
     }
+
+
+def _queue_size(server: Server, model: str) -> int | None:
+    """The model's job queue size from TorchServe's describe API; None when it cannot say."""
+    try:
+        status = describe_model(server, model, timeout=2)[0]["jobQueueStatus"]
+        return int(status["remainingCapacity"]) + int(status["pendingRequests"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _client(key: ClientKey | None) -> str:
+    """Whose request this is, for the per-client limits: the key's name, else the address."""
+    return f"key:{key.name}" if key is not None else f"address:{request.remote_addr}"
+
+
+def _characters(body: dict[str, Any]) -> int:
+    """The characters a request API body asks to translate (its texts and its document)."""
+    text, document = body.get("text"), body.get("document")
+    texts = [text] if isinstance(text, str) else text if isinstance(text, list) else []
+    count = sum(len(item) for item in texts if isinstance(item, str))
+    return count + (len(document) if isinstance(document, str) else 0)
 
 
 def _setting(described: dict[str, Any], name: str, default: int) -> int:

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
 
 from hymt_serve.request.languages import LANGUAGES, Language, lookup
+from hymt_serve.web.fairness import RETRY_AFTER_S, Busy, KeyLimits, Post, fan_out
 from hymt_serve.web.keys import ClientKey, ClientKeys
-from hymt_serve.web.refine import Post, post_all
 
 # LibreTranslate's code for traditional Chinese.
 LIBRE_ALIASES = {"zt": "zh-Hant"}
@@ -41,30 +41,62 @@ DEEPL_TARGETS = {
 # split_sentences or preserve_formatting) change nothing here and are accepted.
 DEEPL_UNSUPPORTED = ("glossary_id", "glossary_ids", "style_id", "translation_memory_id")
 STATUS_BY_TYPE = {"payload_too_large": 413, "server_busy": 503, "server_unavailable": 502}
+STATUS_BY_TYPE |= {"overloaded": 503}
+# Texts one request may carry: they go to TorchServe a few chunks at a time (fairness.fan_out),
+# so this only bounds how long one request may take and what it holds in memory.
+MAX_TEXTS = 50_000
 
 
 class CompatError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    """An answer in the API's own error shape; ``retry_after`` (seconds) for a busy server."""
+
+    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.retry_after = status, message, retry_after
+
+    @classmethod
+    def from_busy(cls, busy: Busy) -> CompatError:
+        return cls(busy.status, busy.message, busy.retry_after)
+
+    def answer(self, field: str) -> tuple[Response, int]:
+        """The error as ``{field: message}`` with its status (and Retry-After when set)."""
+        response = jsonify({field: self.message})
+        if self.retry_after is not None:
+            response.headers["Retry-After"] = str(self.retry_after)
+        return response, self.status
 
 
 def add_compat_routes(
-    app: Flask, post: Post, model: str, keys: ClientKeys, max_texts: Callable[[], int]
+    app: Flask,
+    post: Post,
+    model: str,
+    keys: ClientKeys,
+    max_texts: Callable[[], int],
+    limits: KeyLimits,
 ) -> None:
-    """LibreTranslate's and DeepL's routes on ``app``, translating with ``model``."""
+    """LibreTranslate's and DeepL's routes on ``app``, translating with ``model`` (each key's
+    requests in progress bounded by ``limits``)."""
 
     def translate(
         key: ClientKey, texts: list[str], fields: dict[str, Any], over_quota: CompatError
     ) -> list[str]:
-        characters = sum(len(text) for text in texts)
-        if not keys.reserve(key, characters):
-            raise over_quota
+        if len(texts) > MAX_TEXTS:
+            raise CompatError(
+                413,
+                f"{len(texts)} texts in one request; at most {MAX_TEXTS}: send them in several",
+            )
         try:
-            return _translate(post, model, texts, fields, max_texts())
-        except CompatError:
-            keys.refund(key, characters)
-            raise
+            with limits.hold(f"key:{key.name}"):
+                characters = sum(len(text) for text in texts)
+                if not keys.reserve(key, characters):
+                    raise over_quota
+                try:
+                    return _translate(post, model, texts, fields, max_texts())
+                except (CompatError, Busy):
+                    keys.refund(key, characters)
+                    raise
+        except Busy as busy:
+            raise CompatError.from_busy(busy) from None
 
     @app.post("/translate")
     def libre_translate() -> Any:
@@ -84,7 +116,7 @@ def add_compat_routes(
             quota = CompatError(429, "Character limit of this API key reached")
             out = translate(key, texts, fields, quota)
         except CompatError as error:
-            return jsonify(error=error.message), error.status
+            return error.answer("error")
         return jsonify(translatedText=out[0] if isinstance(q, str) else out)
 
     @app.get("/languages")
@@ -109,7 +141,7 @@ def add_compat_routes(
             fields, source = deepl_fields(params)
             out = translate(key, texts, fields, CompatError(456, "Quota Exceeded"))
         except CompatError as error:
-            return jsonify(message=error.message), error.status
+            return error.answer("message")
         detected = source or ""
         return jsonify(
             translations=[
@@ -123,7 +155,7 @@ def add_compat_routes(
         try:
             deepl_key()
         except CompatError as error:
-            return jsonify(message=error.message), error.status
+            return error.answer("message")
         kind = _text_param(_params(), "type") or "source"
         if kind not in ("source", "target"):
             return jsonify(message="Value for 'type' not supported."), 400
@@ -134,7 +166,7 @@ def add_compat_routes(
         try:
             key = deepl_key()
         except CompatError as error:
-            return jsonify(message=error.message), error.status
+            return error.answer("message")
         return jsonify(character_count=keys.used(key), character_limit=key.character_limit)
 
 
@@ -259,10 +291,11 @@ def _translate(
     chunks = [list(texts[i : i + max_texts]) for i in range(0, len(texts), max_texts)]
     bodies = [{**fields, "text": chunk, "stream": False} for chunk in chunks]
     out: list[str] = []
-    for status, answer in post_all(post, model, bodies):
+    for status, answer in fan_out(post, model, bodies):
         if status != 200:
             message = str(answer.get("error") or f"HTTP {status}")
             kind = answer.get("error_type", "")
-            raise CompatError(STATUS_BY_TYPE.get(kind, status if status < 500 else 500), message)
+            code = STATUS_BY_TYPE.get(kind, status if status < 500 else 500)
+            raise CompatError(code, message, RETRY_AFTER_S if code == 503 else None)
         out += [item["text"] for item in answer["translations"]]
     return out

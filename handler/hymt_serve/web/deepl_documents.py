@@ -7,12 +7,17 @@ documents`), run on a small pool of threads.
   ``.srt`` in UTF-8;
 - ``POST /v2/document/<id>`` (``document_key``) -> ``{"document_id", "status": "queued" |
   "translating" | "done" | "error", "billed_characters", "error_message"}``;
-- ``POST /v2/document/<id>/result`` (``document_key``) -> the translated file, once (the job is
-  forgotten after its download, as DeepL does); 503 while it is not done.
+- ``POST /v2/document/<id>/result`` (``document_key``) -> the translated file, its name in
+  ``Content-Disposition`` (RFC 6266: an ASCII ``filename`` and the exact UTF-8 ``filename*``);
+  503 while it is not done. The job is forgotten ``DOWNLOADED_KEEP_S`` after its first download
+  (DeepL forgets it at once; a download that broke off can be tried again here).
 
-Jobs live in this process's memory (at most ``MAX_JOBS``, each kept ``KEEP_S`` seconds after it
-ends): a restart of the front end forgets them. Characters count against the key's limit at
-upload and are given back if the translation fails.
+A document id and its key work only with the client key that uploaded it (404 otherwise).
+Jobs live in this process's memory: a restart of the front end forgets them. Each client key
+has at most ``PER_KEY_ACTIVE`` jobs queued or translating and ``PER_KEY_KEPT`` in all (finished
+ones count until downloaded or ``KEEP_S`` after they end), and the front end ``MAX_JOBS``; past a
+limit an upload gets 429 saying which. Characters count against the key's limit at upload and
+are given back if the translation fails.
 """
 
 from __future__ import annotations
@@ -20,37 +25,48 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
+from urllib.parse import quote
 
 from flask import Flask, Response, jsonify, request
 
 from hymt_serve.web.compat import CompatError, deepl_client_key, deepl_fields
+from hymt_serve.web.fairness import Busy, Post
 from hymt_serve.web.keys import ClientKey, ClientKeys
-from hymt_serve.web.refine import Post
 
 FORMATS = {".txt": "text", ".md": "markdown", ".markdown": "markdown", ".html": "html"}
 FORMATS |= {".htm": "html", ".srt": "srt"}
 MEDIA_TYPES = {"text": "text/plain", "markdown": "text/markdown", "html": "text/html"}
 MEDIA_TYPES |= {"srt": "application/x-subrip"}
 MAX_FILE_BYTES = 4 * 1_048_576  # the handler refuses more than its max_document_bytes anyway
-MAX_JOBS = 256
+MAX_JOBS = 1024
+PER_KEY_ACTIVE = 8
+PER_KEY_KEPT = 64
 KEEP_S = 3600.0
+DOWNLOADED_KEEP_S = 300.0
 WORKERS = 4
 
 
 @dataclass
 class _Job:
     key: str  # the document_key
-    owner: str  # the client key's value
+    owner: str  # the client key's name
     filename: str
     characters: int
     status: str = "queued"
     result: bytes = b""
     error: str | None = None
     ended: float | None = None
+    downloaded: float | None = None
+
+    def expired(self, now: float) -> bool:
+        if self.downloaded is not None:
+            return now - self.downloaded > DOWNLOADED_KEEP_S
+        return self.ended is not None and now - self.ended > KEEP_S
 
 
 class DocumentJobs:
@@ -70,22 +86,42 @@ class DocumentJobs:
         kind = FORMATS[PurePath(filename).suffix.lower()]
         with self._lock:
             self._forget_old()
-            if len(self._jobs) >= MAX_JOBS:
-                raise CompatError(429, "Too many documents in progress, try again later.")
+            self._check_room(key)
             if not self._keys.reserve(key, len(text)):
                 raise CompatError(456, "Quota for this billing period has been exceeded.")
             document_id = secrets.token_hex(16)
-            job = _Job(secrets.token_urlsafe(32), key.key, filename, len(text))
+            job = _Job(secrets.token_urlsafe(32), key.name, filename, len(text))
             self._jobs[document_id] = job
         body = {**fields, "document": text, "format": kind, "stream": False}
         self._pool.submit(self._run, job, body, key)
         return document_id, job.key
+
+    def _check_room(self, key: ClientKey) -> None:
+        """CompatError 429 when ``key`` (or the front end) has no room for one more job."""
+        mine = [job for job in self._jobs.values() if job.owner == key.name]
+        active = sum(job.ended is None for job in mine)
+        if active >= PER_KEY_ACTIVE:
+            raise CompatError(
+                429,
+                f"This key has {active} documents in translation (at most {PER_KEY_ACTIVE}): "
+                "wait for one to finish.",
+            )
+        if len(mine) >= PER_KEY_KEPT:
+            raise CompatError(
+                429,
+                f"This key has {len(mine)} documents on the server (at most {PER_KEY_KEPT}): "
+                "download the finished ones first.",
+            )
+        if len(self._jobs) >= MAX_JOBS:
+            raise CompatError(429, "Too many documents in progress, try again later.")
 
     def _run(self, job: _Job, body: dict[str, Any], key: ClientKey) -> None:
         """Translate on a pool thread; the status is set last, after what it announces."""
         job.status = "translating"
         try:
             status, answer = self._post(self._model, body)
+        except Busy as busy:
+            status, answer = busy.status, busy.body()
         except Exception as error:  # a job must end, whatever happened
             status, answer = 500, {"error": f"the translation failed ({type(error).__name__})"}
         job.ended = time.monotonic()
@@ -97,26 +133,34 @@ class DocumentJobs:
             self._keys.refund(key, job.characters)
             job.status = "error"
 
-    def find(self, document_id: str, document_key: str | None) -> _Job:
-        """The job, or DocumentError 404 (unknown id, or the wrong key for it)."""
+    def find(self, document_id: str, document_key: str | None, key: ClientKey) -> _Job:
+        """The job, or CompatError 404 (unknown id, the wrong document key, or a job that
+        another client key uploaded)."""
         with self._lock:
             job = self._jobs.get(document_id)
-        if job is None or not document_key or not secrets.compare_digest(job.key, document_key):
+        if (
+            job is None
+            or not document_key
+            or not secrets.compare_digest(job.key, document_key)
+            or not secrets.compare_digest(job.owner, key.name)
+        ):
             raise CompatError(404, "Document not found")
         return job
 
-    def take(self, document_id: str, job: _Job) -> bytes:
-        """A done job's translation, forgotten afterwards; DocumentError 503 before."""
+    def take(self, job: _Job) -> bytes:
+        """A done job's translation (kept ``DOWNLOADED_KEEP_S`` more, for a retry);
+        CompatError 503 before it is done."""
         if job.status != "done":
             raise CompatError(503, "Document translation is not done yet.")
         with self._lock:
-            self._jobs.pop(document_id, None)
+            if job.downloaded is None:
+                job.downloaded = time.monotonic()
         return job.result
 
     def _forget_old(self) -> None:
         now = time.monotonic()
         for document_id, job in list(self._jobs.items()):
-            if job.ended is not None and now - job.ended > KEEP_S:
+            if job.expired(now):
                 del self._jobs[document_id]
 
 
@@ -144,16 +188,15 @@ def add_document_routes(app: Flask, jobs: DocumentJobs, keys: ClientKeys) -> Non
             fields.pop("preserve_format", None)  # a document keeps its format itself
             document_id, document_key = jobs.submit(key, filename, text, fields)
         except CompatError as error:
-            return jsonify(message=error.message), error.status
+            return error.answer("message")
         return jsonify(document_id=document_id, document_key=document_key)
 
     @app.post("/v2/document/<document_id>")
     def deepl_document_status(document_id: str) -> Any:
         try:
-            deepl_client_key(keys)
-            job = jobs.find(document_id, _document_key())
+            job = jobs.find(document_id, _document_key(), deepl_client_key(keys))
         except CompatError as error:
-            return jsonify(message=error.message), error.status
+            return error.answer("message")
         answer: dict[str, Any] = {"document_id": document_id, "status": job.status}
         if job.status == "done":
             answer["billed_characters"] = job.characters
@@ -164,16 +207,15 @@ def add_document_routes(app: Flask, jobs: DocumentJobs, keys: ClientKeys) -> Non
     @app.post("/v2/document/<document_id>/result")
     def deepl_document_result(document_id: str) -> Any:
         try:
-            deepl_client_key(keys)
-            job = jobs.find(document_id, _document_key())
-            content = jobs.take(document_id, job)
+            job = jobs.find(document_id, _document_key(), deepl_client_key(keys))
+            content = jobs.take(job)
         except CompatError as error:
-            return jsonify(message=error.message), error.status
+            return error.answer("message")
         kind = FORMATS[PurePath(job.filename).suffix.lower()]
         return Response(
             content,
             mimetype=MEDIA_TYPES[kind],
-            headers={"Content-Disposition": f'attachment; filename="{_safe(job.filename)}"'},
+            headers={"Content-Disposition": content_disposition(job.filename)},
         )
 
 
@@ -185,7 +227,12 @@ def _document_key() -> str | None:
     return request.form.get("document_key")
 
 
-def _safe(filename: str) -> str:
-    """A file name fit for a header: its last part, no quotes or line breaks."""
-    name = PurePath(filename).name
-    return "".join(c for c in name if c.isprintable() and c not in '"\\') or "document"
+def content_disposition(filename: str) -> str:
+    """``attachment`` with the file's name (its last part) as RFC 6266 gives it: ``filename``
+    in plain ASCII for old clients, ``filename*`` (RFC 5987) with every character."""
+    name = "".join(c for c in PurePath(filename).name if c.isprintable()) or "document"
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    fallback = "".join(c if c not in '"\\' else "_" for c in ascii_name).strip() or "document"
+    if fallback.startswith("."):  # nothing left of the name but its suffix
+        fallback = "document" + fallback
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"

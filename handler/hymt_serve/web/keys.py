@@ -93,6 +93,12 @@ class ClientKeys:
         partial.replace(self.usage_path)
 
 
+def bearer(header: str) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header; None for another scheme."""
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
+
+
 def _read_keys(path: Path) -> list[ClientKey]:
     try:
         content: Any = json.loads(path.read_text())

@@ -31,7 +31,8 @@ from hymt_serve.ops.launcher import Server, all_ready, describe_model, model_sta
 from hymt_serve.request import oip
 from hymt_serve.request.errors import InvalidRequest, ServiceError
 from hymt_serve.request.protocol import decode_body
-from hymt_serve.web.keys import ClientKeys
+from hymt_serve.web.fairness import KeyLimits
+from hymt_serve.web.keys import ClientKeys, bearer
 
 # (TorchServe URL, body, headers) -> the Flask response of TorchServe's answer.
 Relay = Callable[[str, bytes, Mapping[str, str]], Response]
@@ -46,8 +47,11 @@ INPUTS = [
 OUTPUT_TYPES = {"input_tokens": "INT64", "output_tokens": "INT64", "format_tags_lost": "INT64"}
 
 
-def add_oip_routes(app: Flask, server: Server, model: str, keys: ClientKeys, relay: Relay) -> None:
-    """The protocol's routes on ``app`` for ``model`` on TorchServe ``server``."""
+def add_oip_routes(
+    app: Flask, server: Server, model: str, keys: ClientKeys, relay: Relay, limits: KeyLimits
+) -> None:
+    """The protocol's routes on ``app`` for ``model`` on TorchServe ``server`` (each client
+    key's requests in progress bounded by ``limits``)."""
 
     @app.get("/v2")
     def server_metadata() -> Any:
@@ -89,7 +93,7 @@ def add_oip_routes(app: Flask, server: Server, model: str, keys: ClientKeys, rel
     def infer(name: str) -> Any:
         if name != model:
             return _unknown(name)
-        key = keys.find(_bearer(request.headers.get("Authorization", "")))
+        key = keys.find(bearer(request.headers.get("Authorization", "")))
         if key is None:
             return jsonify(error="a client key is required", error_type="unauthorized"), 401
         data = request.get_data()
@@ -102,7 +106,12 @@ def add_oip_routes(app: Flask, server: Server, model: str, keys: ClientKeys, rel
                 error="the character limit of this key is reached", error_type="quota_exceeded"
             ), 429
         headers = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers}
-        answer = relay(f"{server.inference_url()}/v2/models/{model}/infer", data, headers)
+        try:
+            with limits.hold(f"key:{key.name}"):
+                answer = relay(f"{server.inference_url()}/v2/models/{model}/infer", data, headers)
+        except BaseException:
+            keys.refund(key, characters)
+            raise
         if answer.status_code != 200:
             keys.refund(key, characters)
         return answer
@@ -130,11 +139,6 @@ def _versions(server: Server, model: str) -> list[str]:
 
 def _unknown(name: str) -> tuple[Response, int]:
     return jsonify(error=f"no model named {name!r} here", error_type="not_found"), 404
-
-
-def _bearer(header: str) -> str | None:
-    scheme, _, value = header.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" else None
 
 
 def _characters(data: bytes, headers: Mapping[str, str]) -> int:

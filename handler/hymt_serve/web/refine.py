@@ -17,11 +17,10 @@ says how long each phase took (``candidates``, ``refine``: the Chimera call, 0 w
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Any
 
-Post = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]  # (model, body) -> answer
+from hymt_serve.web.fairness import Post, fan_out
 
 CARD_SAMPLING = {"temperature": 0.7, "top_p": 0.6, "top_k": 20, "repetition_penalty": 1.05}
 WIDE_SAMPLING = {"temperature": 1.0, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.05}
@@ -111,14 +110,6 @@ class _Clock:
         return round(elapsed * 1000, 1)
 
 
-def post_all(
-    post: Post, model: str, bodies: Sequence[dict[str, Any]]
-) -> list[tuple[int, dict[str, Any]]]:
-    """The answers to ``bodies``, sent to ``model`` at once (TorchServe batches them)."""
-    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
-        return list(pool.map(lambda body: post(model, body), bodies))
-
-
 def _post(post: Post, model: str, request: dict[str, Any]) -> dict[str, Any]:
     return _checked(post(model, request))
 
@@ -161,7 +152,7 @@ def _candidates(
         for sampling, copies in CANDIDATE_PLAN
         for _ in range(copies)
     ]
-    answers = [_checked(answer) for answer in post_all(post, translator, requests)]
+    answers = [_checked(answer) for answer in fan_out(post, translator, requests, len(requests))]
     per_text: list[list[str]] = [[] for _ in answers[0]["translations"]]
     for answer in answers:
         for i, item in enumerate(answer["translations"]):

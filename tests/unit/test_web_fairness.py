@@ -1,0 +1,128 @@
+"""The front end's fair sharing of TorchServe (hymt_serve.web.fairness): bounded fan-out, the
+front-end-wide upstream slots, per-client limits. Fake posts, no server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from hymt_serve.web import fairness
+from hymt_serve.web.fairness import Busy, KeyLimits, Upstream, fan_out
+
+
+class Recorder:
+    """A post that records how many calls were in flight at once, and answers from a plan."""
+
+    def __init__(self, answer: Any = None, delay: float = 0.01) -> None:
+        self.answer = answer or (lambda body: (200, {"echo": body["i"]}))
+        self.delay = delay
+        self.in_flight = self.most = self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, model: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with self.lock:
+            self.calls += 1
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        time.sleep(self.delay)
+        with self.lock:
+            self.in_flight -= 1
+        return self.answer(body)  # type: ignore[no-any-return]
+
+
+def test_fan_out_keeps_order_and_at_most_a_window_in_flight() -> None:
+    post = Recorder()
+    bodies = [{"i": i} for i in range(40)]
+    answers = fan_out(post, "m", bodies, window=3)
+    assert [answer[1]["echo"] for answer in answers] == list(range(40))
+    assert post.most == 3
+
+
+def test_fan_out_stops_sending_after_the_first_error() -> None:
+    post = Recorder(lambda body: (400, {"error": "bad"}) if body["i"] == 2 else (200, {}))
+    answers = fan_out(post, "m", [{"i": i} for i in range(200)], window=2)
+    assert answers[-1] == (400, {"error": "bad"}) and len(answers) == 3
+    assert post.calls < 10  # not the 200 that were asked
+
+
+def test_fan_out_sends_a_busy_chunk_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fairness, "BUSY_BACKOFF_S", 0.001)
+    refusals = {"left": 2}
+
+    def answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if body["i"] == 1 and refusals["left"]:
+            refusals["left"] -= 1
+            return 503, {"error": "full", "error_type": "server_busy"}
+        return 200, {"echo": body["i"]}
+
+    answers = fan_out(Recorder(answer), "m", [{"i": i} for i in range(3)])
+    assert [status for status, _ in answers] == [200, 200, 200]
+    assert refusals["left"] == 0
+
+
+def test_fan_out_gives_up_on_a_chunk_that_stays_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fairness, "BUSY_BACKOFF_S", 0.001)
+    busy = (503, {"error": "full", "error_type": "overloaded"})
+    post = Recorder(lambda body: busy)
+    assert fan_out(post, "m", [{"i": 0}]) == [busy]
+    assert post.calls == 1 + fairness.BUSY_RETRIES
+
+
+def test_upstream_slots_are_three_quarters_of_the_queue_and_never_exceeded() -> None:
+    upstream = Upstream(lambda: 8, wait_s=5)
+    assert upstream.limit == 6
+    post = Recorder(delay=0.02)
+
+    def through_upstream(model: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with upstream.slot():
+            return post(model, body)
+
+    # three requests of 20 chunks each, windows of 4: twelve would be in flight without slots
+    threads = [
+        threading.Thread(target=fan_out, args=(through_upstream, "m", [{"i": i}] * 20, 4))
+        for i in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert post.calls == 60 and post.most == 6
+    assert upstream.counts() == {"in_flight": 0, "waiting": 0, "limit": 6}
+
+
+def test_upstream_answers_busy_when_no_slot_comes_in_time() -> None:
+    upstream = Upstream(lambda: 1, wait_s=0.05)
+    with upstream.slot(), pytest.raises(Busy) as refused:
+        upstream.acquire()
+    assert refused.value.status == 503 and "busy" in refused.value.message
+    assert "scale" not in refused.value.message
+    upstream.acquire()  # the slot is free again
+    upstream.release()
+
+
+def test_upstream_asks_the_queue_size_again_until_it_is_known(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fairness, "ASK_EVERY_S", 0.0)
+    answers = [None, None, 40]
+    upstream = Upstream(lambda: answers.pop(0))
+    assert upstream.limit == int(fairness.DEFAULT_QUEUE * fairness.UPSTREAM_SHARE)
+    assert upstream.limit == int(fairness.DEFAULT_QUEUE * fairness.UPSTREAM_SHARE)
+    assert upstream.limit == 30 and upstream.limit == 30  # asked no more once known
+    assert answers == []
+
+
+def test_each_client_has_its_own_limit() -> None:
+    limits = KeyLimits(per_key=2)
+    with limits.hold("key:a"), limits.hold("key:a"):
+        with pytest.raises(Busy) as refused:
+            with limits.hold("key:a"):
+                pass
+        assert refused.value.status == 429 and "at most 2" in refused.value.message
+        with limits.hold("key:b"):  # another client is not affected
+            pass
+    with limits.hold("key:a"), limits.hold("key:a"):  # released when the requests ended
+        pass
