@@ -1,109 +1,25 @@
-"""The web front end's Flask app against a stub TorchServe (a local WSGI server): no TorchServe.
-The page's proxy, its configuration, refinement, and the KServe v2 API.
-
-The stub records what the app forwarded and answers what each test tells it to, including the
-shapes TorchServe itself produces (``{code, type, message}`` errors, an empty 413).
-"""
+"""The web front end's Flask app against a stub TorchServe (tests/web_stub.py): no TorchServe.
+The page's proxy, its configuration, refinement, and the KServe v2 API."""
 
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
-from werkzeug.serving import make_server
+from web_stub import DESCRIBE, MODEL, PREDICTIONS, Upstream, workdir
+from web_stub import response as stub_response
 from werkzeug.wrappers import Request, Response
 
-from hymt_serve.ops.launcher import KEY_FILE, Server
 from hymt_serve.web.app import TORCHSERVE_BUSY, create_app
 from hymt_serve.web.keys import ClientKeys
-
-MODEL = "hunyuan-mt"
-PREDICTIONS = f"/predictions/{MODEL}"
-DESCRIBE = f"/models/{MODEL}"
-KEYS = {"inference": {"key": "inference-key"}, "management": {"key": "management-key"}}
-
-
-@dataclass
-class Forwarded:
-    """One request the stub received."""
-
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-@dataclass
-class Upstream:
-    """A stub TorchServe: ``replies`` by path (a Response or a function of the request)."""
-
-    url: str = ""
-    replies: dict[str, Callable[[Request], Response]] = field(default_factory=dict)
-    received: list[Forwarded] = field(default_factory=list)
-
-    def reply(self, path: str, body: Any, status: int = 200, mimetype: str | None = None) -> None:
-        """Answer ``path`` with ``body`` (bytes as they are, anything else as JSON)."""
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        kind = mimetype or ("application/json" if raw else None)
-        self.replies[path] = lambda _request: _response(raw, status, kind)
-
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        request = Request(environ)
-        self.received.append(Forwarded(request.path, dict(request.headers), request.get_data()))
-        answer = self.replies.get(request.path, lambda _r: _response(b"", 404, None))
-        return answer(request)(environ, start_response)
-
-    def forwarded(self, path: str = PREDICTIONS) -> list[Forwarded]:
-        return [seen for seen in self.received if seen.path == path]
-
-
-def _response(raw: bytes, status: int, mimetype: str | None) -> Response:
-    response = Response(raw, status=status)
-    if mimetype is None:  # TorchServe's 413: no body, no content type
-        del response.headers["Content-Type"]
-    else:
-        response.headers["Content-Type"] = mimetype
-    return response
-
-
-@pytest.fixture(scope="module")
-def stub_server() -> Iterator[Upstream]:
-    stub = Upstream()
-    server = make_server("127.0.0.1", 0, stub, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    stub.url = f"http://127.0.0.1:{server.server_port}"
-    yield stub
-    server.shutdown()
-
-
-@pytest.fixture
-def upstream(stub_server: Upstream) -> Upstream:
-    """The module's stub, with no replies and nothing received yet."""
-    stub_server.replies.clear()
-    stub_server.received.clear()
-    return stub_server
-
-
-def _workdir(path: Path, url: str) -> Server:
-    (path / "config.properties").write_text(
-        f"inference_address={url}\nmanagement_address={url}\n", encoding="utf-8"
-    )
-    (path / KEY_FILE).write_text(json.dumps(KEYS), encoding="utf-8")
-    return Server(path)
 
 
 @pytest.fixture
 def client(upstream: Upstream, tmp_path: Path) -> FlaskClient:
-    return create_app(_workdir(tmp_path, upstream.url), MODEL).test_client()
+    return create_app(workdir(tmp_path, upstream.url), MODEL).test_client()
 
 
 def _lines(data: bytes) -> list[Any]:
@@ -263,7 +179,7 @@ def test_a_body_that_is_not_a_json_object_is_a_400_without_forwarding(
 
 
 def test_an_unreachable_server_is_a_502(tmp_path: Path) -> None:
-    client = create_app(_workdir(tmp_path, "http://127.0.0.1:9"), MODEL).test_client()
+    client = create_app(workdir(tmp_path, "http://127.0.0.1:9"), MODEL).test_client()
     response = client.post("/api/translate", json={"text": "Hello", "target_lang": "fr"})
     assert response.status_code == 502
     assert response.get_json()["error_type"] == "server_unavailable"
@@ -379,7 +295,7 @@ def test_refine_is_off_unless_a_chimera_model_is_named(
 def test_refine_calls_both_models_with_the_inference_key(
     upstream: Upstream, tmp_path: Path
 ) -> None:
-    app = create_app(_workdir(tmp_path, upstream.url), MODEL, refine_model="chimera")
+    app = create_app(workdir(tmp_path, upstream.url), MODEL, refine_model="chimera")
     client = app.test_client()
     counter = iter(range(100))
 
@@ -388,7 +304,7 @@ def test_refine_calls_both_models_with_the_inference_key(
             "translations": [{"text": f"c{next(counter) % 2}", "finish_reason": "stop"}],
             "usage": {"input_tokens": 3, "output_tokens": 2},
         }
-        return _response(json.dumps(body).encode(), 200, "application/json")
+        return stub_response(json.dumps(body).encode(), 200, "application/json")
 
     upstream.replies[PREDICTIONS] = candidate
     refined = {"translations": [{"text": "best", "candidates": ["c0", "c1"]}], "usage": {}}
@@ -425,7 +341,7 @@ def keys(tmp_path: Path) -> ClientKeys:
 
 @pytest.fixture
 def v2_client(upstream: Upstream, tmp_path: Path, keys: ClientKeys) -> FlaskClient:
-    server = _workdir(tmp_path, upstream.url)
+    server = workdir(tmp_path, upstream.url)
     (tmp_path / "keys").mkdir(exist_ok=True)
     return create_app(server, MODEL, client_keys=keys).test_client()
 

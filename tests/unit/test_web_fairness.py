@@ -118,9 +118,8 @@ def test_upstream_asks_the_queue_size_again_until_it_is_known(
 def test_each_client_has_its_own_limit() -> None:
     limits = KeyLimits(per_key=2)
     with limits.hold("key:a"), limits.hold("key:a"):
-        with pytest.raises(Busy) as refused:
-            with limits.hold("key:a"):
-                pass
+        with pytest.raises(Busy) as refused, limits.hold("key:a"):
+            pass
         assert refused.value.status == 429 and "at most 2" in refused.value.message
         with limits.hold("key:b"):  # another client is not affected
             pass

@@ -1,0 +1,376 @@
+"""Who may call the web front end, how its clients share TorchServe, and DeepL document jobs:
+the app against the stub TorchServe of test_web_app (no TorchServe)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+from flask.testing import FlaskClient
+from web_stub import DESCRIBE, MODEL, PREDICTIONS, Upstream, workdir
+from werkzeug.http import parse_options_header
+from werkzeug.wrappers import Request, Response
+
+from hymt_serve.ops import launcher
+from hymt_serve.ops.launcher import KEY_FILE
+from hymt_serve.web import deepl_documents, fairness
+from hymt_serve.web.app import ALWAYS_OPEN, OWN_KEYS, create_app, is_loopback
+from hymt_serve.web.deepl_documents import content_disposition
+from hymt_serve.web.keys import ClientKeys
+
+TRANSLATED = {"translation": "x", "translations": [{"text": "x"}], "usage": {}}
+
+
+def _keys(
+    path: Path, names: tuple[str, ...] = ("alice", "bob"), limit: int = 1_000_000
+) -> ClientKeys:
+    entries = [{"name": n, "key": f"{n}-key-0123456789ab", "character_limit": limit} for n in names]
+    path.write_text(json.dumps({"keys": entries}))
+    return ClientKeys.open(path)
+
+
+def _auth(keys: ClientKeys, index: int = 0) -> dict[str, str]:
+    return {"Authorization": f"Bearer {keys.keys[index].key}"}
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> ClientKeys:
+    return _keys(tmp_path / "web_keys.json")
+
+
+def _app(upstream: Upstream, tmp_path: Path, keys: ClientKeys, **options: Any) -> FlaskClient:
+    return create_app(
+        workdir(tmp_path, upstream.url), MODEL, client_keys=keys, **options
+    ).test_client()
+
+
+# --- the rule: open on loopback, keys everywhere else -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.0.0.2", True), ("localhost", True), ("::1", True),
+     ("[::1]", True), ("0.0.0.0", False), ("::", False), ("10.1.2.3", False),
+     ("example.internal", False)],
+)  # fmt: skip
+def test_loopback_hosts(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_off_loopback_every_route_but_the_page_and_probes_needs_a_key(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys
+) -> None:
+    """Each route of the app, called without a key, is refused unless it is meant to be open:
+    a route added later without a decision fails here."""
+    upstream.reply(PREDICTIONS, TRANSLATED)
+    client = _app(upstream, tmp_path, keys, require_keys=True, refine_model="chimera")
+    app = client.application
+    for rule in app.url_map.iter_rules():
+        path = rule.rule.replace("<name>", MODEL).replace("<document_id>", "0" * 32)
+        path = path.replace("<path:filename>", "app.js")
+        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):  # type: ignore[operator]
+            answer = client.open(path, method=method, json={"text": "a", "target_lang": "de"})
+            if rule.endpoint in ALWAYS_OPEN:
+                assert answer.status_code not in (401, 403), (rule.rule, method)
+            else:
+                assert answer.status_code in (401, 403), (rule.rule, method, answer.status_code)
+                assert answer.is_json
+    assert not upstream.forwarded()
+    assert {rule.endpoint for rule in app.url_map.iter_rules()} >= OWN_KEYS
+
+
+def test_off_loopback_the_page_api_counts_characters_against_the_key(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys
+) -> None:
+    upstream.reply(PREDICTIONS, TRANSLATED)
+    client = _app(upstream, tmp_path, keys, require_keys=True)
+    body = {"text": ["abc", "de"], "target_lang": "fr", "stream": False}
+    assert client.post("/api/translate", json=body, headers=_auth(keys)).status_code == 200
+    assert keys.used(keys.keys[0]) == 5 and keys.used(keys.keys[1]) == 0
+    upstream.reply(PREDICTIONS, {"error": "bad", "error_type": "invalid_request"}, 400)
+    assert client.post("/api/translate", json=body, headers=_auth(keys)).status_code == 400
+    assert keys.used(keys.keys[0]) == 5  # a refused request is given back
+    poor = _keys(tmp_path / "poor.json", ("carol",), limit=3)
+    client = _app(upstream, tmp_path, poor, require_keys=True)
+    over = client.post("/api/translate", json=body, headers=_auth(poor))
+    assert over.status_code == 429 and over.get_json()["error_type"] == "quota_exceeded"
+    assert client.get("/api/config").status_code == 401
+    assert client.get("/").status_code == 200
+
+
+def test_on_loopback_the_page_api_is_open_and_counts_nothing(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys
+) -> None:
+    upstream.reply(PREDICTIONS, TRANSLATED)
+    client = _app(upstream, tmp_path, keys)
+    body = {"text": "abc", "target_lang": "fr", "stream": False}
+    assert client.post("/api/translate", json=body).status_code == 200
+    assert keys.used(keys.keys[0]) == 0
+    answer = client.post("/translate", json={"q": "a", "source": "en", "target": "de"})
+    assert answer.status_code == 403  # the compatible APIs ask for their keys everywhere
+
+
+# --- TorchServe's key file while TorchServe rewrites it ---------------------------------------
+
+
+def test_a_half_written_key_file_is_a_503_not_a_500(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launcher, "KEY_FILE_WAIT_S", 0.1)
+    upstream.reply(PREDICTIONS, TRANSLATED)
+    client = _app(upstream, tmp_path, keys)
+    body = {"text": "abc", "target_lang": "fr", "stream": False}
+    (tmp_path / KEY_FILE).write_text('{"inference": {"ke')
+    for path, payload in (("/api/translate", body), ("/api/translate", {**body, "stream": True})):
+        answer = client.post(path, json=payload)
+        assert answer.status_code == 502 and answer.get_json()["error_type"] == "server_unavailable"
+    libre = {"q": "a", "source": "en", "target": "de", "api_key": keys.keys[0].key}
+    answer = client.post("/translate", json=libre)
+    assert answer.status_code == 502 and "cannot be reached" in answer.get_json()["error"]
+
+
+def test_a_key_file_finished_while_waiting_is_read(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys
+) -> None:
+    upstream.reply(PREDICTIONS, TRANSLATED)
+    client = _app(upstream, tmp_path, keys)
+    path = tmp_path / KEY_FILE
+    whole = path.read_text()
+    path.write_text(whole[:10])
+    threading.Timer(0.2, path.write_text, (whole,)).start()
+    body = {"text": "abc", "target_lang": "fr", "stream": False}
+    assert client.post("/api/translate", json=body).status_code == 200
+    assert upstream.forwarded()[-1].headers["Authorization"] == "Bearer inference-key"
+
+
+# --- one huge request among others ------------------------------------------------------------
+
+
+class Counting:
+    """A predictions route that counts the calls in flight and answers each text."""
+
+    def __init__(self, delay: float = 0.005) -> None:
+        self.delay, self.in_flight, self.most, self.calls = delay, 0, 0, 0
+        self.lock = threading.Lock()
+
+    def __call__(self, request: Request) -> Response:
+        with self.lock:
+            self.in_flight += 1
+            self.calls += 1
+            self.most = max(self.most, self.in_flight)
+        time.sleep(self.delay)
+        texts = json.loads(request.get_data())["text"]
+        with self.lock:
+            self.in_flight -= 1
+        body = {"translations": [{"text": t.upper()} for t in texts]}
+        return Response(json.dumps(body), content_type="application/json")
+
+
+def test_a_huge_libretranslate_request_is_sent_a_window_at_a_time(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys
+) -> None:
+    route = Counting()
+    upstream.replies[PREDICTIONS] = route
+    client = _app(upstream, tmp_path, keys)
+    texts = [f"t{i}" for i in range(2000)]
+    libre = {"q": texts, "source": "en", "target": "de", "api_key": keys.keys[0].key}
+    answer = client.post("/translate", json=libre)
+    assert answer.status_code == 200
+    assert answer.get_json()["translatedText"] == [t.upper() for t in texts]
+    assert route.calls == 2000 // 16 and route.most <= fairness.WINDOW
+
+
+def test_the_front_end_never_fills_torchserves_queue(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys
+) -> None:
+    """Twelve requests of 200 texts at once, against a queue of 8: never more than six calls in
+    flight (three quarters of the queue), and every request answered."""
+    upstream.reply(DESCRIBE, [{"jobQueueStatus": {"remainingCapacity": 8, "pendingRequests": 0}}])
+    route = Counting(delay=0.01)
+    upstream.replies[PREDICTIONS] = route
+    client = _app(upstream, tmp_path, keys)
+    libre = {"q": ["a"] * 200, "source": "en", "target": "de", "api_key": keys.keys[0].key}
+    statuses: list[int] = []
+    threads = [
+        threading.Thread(
+            target=lambda: statuses.append(client.post("/translate", json=libre).status_code)
+        )
+        for _ in range(12)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert statuses == [200] * 12
+    assert route.most <= 6
+
+
+def test_too_many_requests_of_one_key_get_429(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys
+) -> None:
+    gate = threading.Event()
+
+    def held(request: Request) -> Response:
+        gate.wait(5)
+        return Response(json.dumps(TRANSLATED), content_type="application/json")
+
+    upstream.replies[PREDICTIONS] = held
+    client = _app(upstream, tmp_path, keys, limits=fairness.KeyLimits(per_key=2))
+    body = {"text": ["a"], "target_lang": "DE", "auth_key": keys.keys[0].key}
+    answers: list[int] = []
+    threads = [
+        threading.Thread(
+            target=lambda: answers.append(client.post("/v2/translate", json=body).status_code)
+        )
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    third = client.post("/v2/translate", json=body)
+    other = {**body, "auth_key": keys.keys[1].key}
+    other_thread = threading.Thread(
+        target=lambda: answers.append(client.post("/v2/translate", json=other).status_code)
+    )
+    other_thread.start()
+    gate.set()
+    for thread in [*threads, other_thread]:
+        thread.join()
+    assert third.status_code == 429 and "at most 2" in third.get_json()["message"]
+    assert third.headers["Retry-After"]
+    assert answers == [200, 200, 200]
+
+
+def test_torchserves_busy_answer_says_to_retry_not_to_scale(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fairness, "BUSY_BACKOFF_S", 0.001)
+    message = (
+        'Model "hunyuan-mt" has no worker to serve inference request. '
+        "Please use scale workers API to add workers."
+    )
+    upstream.reply(
+        PREDICTIONS, {"code": 503, "type": "ServiceUnavailableException", "message": message}, 503
+    )
+    client = _app(upstream, tmp_path, keys)
+    libre = {"q": ["a"], "source": "en", "target": "de", "api_key": keys.keys[0].key}
+    answer = client.post("/translate", json=libre)
+    assert answer.status_code == 503 and answer.headers["Retry-After"]
+    assert "scale" not in answer.get_json()["error"] and "retry" in answer.get_json()["error"]
+    assert keys.used(keys.keys[0]) == 0
+
+
+# --- DeepL documents --------------------------------------------------------------------------
+
+
+def _upload(client: FlaskClient, keys: ClientKeys, index: int = 0, name: str = "a.md") -> Any:
+    data = {"file": (__import__("io").BytesIO(b"# Hi\n"), name), "target_lang": "DE"}
+    headers = {"Authorization": f"DeepL-Auth-Key {keys.keys[index].key}"}
+    return client.post(
+        "/v2/document", data=data, headers=headers, content_type="multipart/form-data"
+    )
+
+
+def _call(
+    client: FlaskClient, keys: ClientKeys, path: str, document_key: str, index: int = 0
+) -> Any:
+    headers = {"Authorization": f"DeepL-Auth-Key {keys.keys[index].key}"}
+    return client.post(path, data={"document_key": document_key}, headers=headers)
+
+
+def _wait_done(client: FlaskClient, keys: ClientKeys, document_id: str, key: str) -> dict[str, Any]:
+    for _ in range(200):
+        status = _call(client, keys, f"/v2/document/{document_id}", key).get_json()
+        if status["status"] in ("done", "error"):
+            return status  # type: ignore[no-any-return]
+        time.sleep(0.01)
+    raise AssertionError("the document never finished")
+
+
+def test_a_document_with_any_name_downloads_again_and_only_for_its_owner(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys
+) -> None:
+    upstream.reply(PREDICTIONS, {"document": "# Hallo\n", "usage": {}})
+    client = _app(upstream, tmp_path, keys)
+    name = "ünïcødé 文件.md"
+    job = _upload(client, keys, name=name).get_json()
+    document_id, document_key = job["document_id"], job["document_key"]
+    assert _wait_done(client, keys, document_id, document_key)["status"] == "done"
+    result = f"/v2/document/{document_id}/result"
+    assert _call(client, keys, result, document_key, index=1).status_code == 404  # bob's key
+    assert (
+        _call(client, keys, f"/v2/document/{document_id}", document_key, index=1).status_code == 404
+    )
+    for _ in range(2):  # a download that broke off can be tried again
+        answer = _call(client, keys, result, document_key)
+        assert answer.status_code == 200 and answer.data == b"# Hallo\n"
+        _, options = parse_options_header(answer.headers["Content-Disposition"])
+        assert options["filename"] == name  # werkzeug reads filename* (RFC 5987) first
+        assert answer.headers["Content-Disposition"].isascii()
+
+
+@pytest.mark.parametrize(
+    ("name", "fallback"),
+    [("ünïcødé 文件.md", "unicde .md"), ("文件.md", "document.md"), ('a"b\\c.md', "a_b_c.md"),
+     ("../../etc/x.srt", "x.srt"), ("line\nbreak.txt", "linebreak.txt")],
+)  # fmt: skip
+def test_content_disposition(name: str, fallback: str) -> None:
+    header = content_disposition(name)
+    assert header.isascii() and "\n" not in header
+    _, options = parse_options_header(header)
+    assert options["filename"] == name.replace("\n", "").rsplit("/", 1)[-1]
+    assert header.split('filename="', 1)[1].split('"', 1)[0] == fallback
+    assert unquote(header.split("filename*=UTF-8''", 1)[1]) == options["filename"]
+
+
+def test_one_keys_documents_never_block_another_key(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream.reply(PREDICTIONS, {"document": "x", "usage": {}})
+    monkeypatch.setattr(deepl_documents, "PER_KEY_KEPT", 5)
+    client = _app(upstream, tmp_path, keys)
+    jobs = [_upload(client, keys).get_json() for _ in range(5)]
+    for job in jobs:
+        _wait_done(client, keys, job["document_id"], job["document_key"])
+    refused = _upload(client, keys)
+    assert (
+        refused.status_code == 429 and "download the finished ones" in refused.get_json()["message"]
+    )
+    assert _upload(client, keys, index=1).status_code == 200  # bob is not blocked
+
+
+def test_too_many_documents_in_translation_for_one_key_get_429(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys
+) -> None:
+    gate = threading.Event()
+
+    def held(request: Request) -> Response:
+        gate.wait(10)
+        return Response(json.dumps({"document": "x"}), content_type="application/json")
+
+    upstream.replies[PREDICTIONS] = held
+    client = _app(upstream, tmp_path, keys)
+    try:
+        for _ in range(deepl_documents.PER_KEY_ACTIVE):
+            assert _upload(client, keys).status_code == 200
+        refused = _upload(client, keys)
+        assert refused.status_code == 429 and "in translation" in refused.get_json()["message"]
+        assert _upload(client, keys, index=1).status_code == 200
+    finally:
+        gate.set()
+
+
+def test_a_failed_document_is_not_billed(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys
+) -> None:
+    upstream.reply(PREDICTIONS, {"error": "cue 1 is broken", "error_type": "invalid_request"}, 400)
+    client = _app(upstream, tmp_path, keys)
+    job = _upload(client, keys).get_json()
+    status = _wait_done(client, keys, job["document_id"], job["document_key"])
+    assert status["status"] == "error" and "cue 1" in status["error_message"]
+    assert keys.used(keys.keys[0]) == 0

@@ -1,0 +1,87 @@
+"""A stub TorchServe for the web front end's tests (a local WSGI server): it records what the
+app forwarded and answers what each test tells it to, including the shapes TorchServe itself
+produces (``{code, type, message}`` errors, an empty 413). ``tests/unit/conftest.py`` serves it
+as the ``upstream`` fixture."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from werkzeug.serving import make_server
+from werkzeug.wrappers import Request, Response
+
+from hymt_serve.ops.launcher import KEY_FILE, Server
+
+MODEL = "hunyuan-mt"
+PREDICTIONS = f"/predictions/{MODEL}"
+DESCRIBE = f"/models/{MODEL}"
+KEYS = {"inference": {"key": "inference-key"}, "management": {"key": "management-key"}}
+
+
+@dataclass
+class Forwarded:
+    """One request the stub received."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Upstream:
+    """A stub TorchServe: ``replies`` by path (a Response or a function of the request)."""
+
+    url: str = ""
+    replies: dict[str, Callable[[Request], Response]] = field(default_factory=dict)
+    received: list[Forwarded] = field(default_factory=list)
+
+    def reply(self, path: str, body: Any, status: int = 200, mimetype: str | None = None) -> None:
+        """Answer ``path`` with ``body`` (bytes as they are, anything else as JSON)."""
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        kind = mimetype or ("application/json" if raw else None)
+        self.replies[path] = lambda _request: response(raw, status, kind)
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        request = Request(environ)
+        self.received.append(Forwarded(request.path, dict(request.headers), request.get_data()))
+        answer = self.replies.get(request.path, lambda _r: response(b"", 404, None))
+        return answer(request)(environ, start_response)
+
+    def forwarded(self, path: str = PREDICTIONS) -> list[Forwarded]:
+        return [seen for seen in self.received if seen.path == path]
+
+
+def response(raw: bytes, status: int, mimetype: str | None) -> Response:
+    response = Response(raw, status=status)
+    if mimetype is None:  # TorchServe's 413: no body, no content type
+        del response.headers["Content-Type"]
+    else:
+        response.headers["Content-Type"] = mimetype
+    return response
+
+
+def serve_stub() -> Iterator[Upstream]:
+    """A stub on a free local port, for as long as the generator is not closed."""
+    stub = Upstream()
+    server = make_server("127.0.0.1", 0, stub, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    stub.url = f"http://127.0.0.1:{server.server_port}"
+    yield stub
+    server.shutdown()
+
+
+def workdir(path: Path, url: str) -> Server:
+    (path / "config.properties").write_text(
+        f"inference_address={url}\nmanagement_address={url}\n", encoding="utf-8"
+    )
+    (path / KEY_FILE).write_text(json.dumps(KEYS), encoding="utf-8")
+    return Server(path)
