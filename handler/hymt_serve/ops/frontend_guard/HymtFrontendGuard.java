@@ -21,7 +21,8 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * Guards TorchServe 0.12.0's async mode against a race in its own front end.
+ * Guards TorchServe 0.12.0's async mode against a race in its own front end, and against its
+ * keeping every request answered with a whole reply.
  *
  * <p>In async mode each worker's {@code AsyncBatchAggregator} keeps the requests it has sent to
  * the backend in {@code jobs_in_backend}, a plain {@code LinkedHashMap}. The worker's thread adds
@@ -29,14 +30,16 @@ import org.slf4j.LoggerFactory;
  * removes them. Nothing synchronises the two, so under load a lookup can miss (while an insert
  * resizes the table, say): the front end then throws "Unexpected job in sendResponse()", drops
  * the worker's connection, and every request in that map goes unanswered until its client gives
- * up (seen on an H200 at 256 users).
+ * up (seen on an H200 at 256 users). And it removes a request only at a stream's last part, so
+ * every error reply and every describe call stayed in the heap for good.
  *
  * <p>This plugin (loaded by TorchServe from {@code plugins_path} at start-up, before any model)
- * watches the workers and gives each new worker's aggregator a {@link ConcurrentHashMap} in
- * place of that map while the worker is still loading its model, when nothing has been put in
- * it yet and no other thread uses it. Every use of the map in 0.12.0 (put, get, remove, clear,
- * isEmpty, iterating its entries) is then thread-safe. A worker first seen with its model
- * already loaded is left alone and counted as unguarded (its map may be in use).
+ * watches the workers and gives each new worker's aggregator a {@link ForgetfulJobs} map (a
+ * {@link ConcurrentHashMap} that lets go of a request after its last reply) in place of that map
+ * while the worker is still loading its model, when nothing has been put in it yet and no other
+ * thread uses it. Every use of the map in 0.12.0 (put, get, remove, clear, isEmpty, iterating its
+ * entries) is then thread-safe. A worker first seen with its model already loaded is left alone
+ * and counted as unguarded (its map may be in use).
  *
  * <p>{@code GET /hymt-frontend-guard} on the management API reports the counts as JSON.
  */
@@ -56,6 +59,9 @@ public class HymtFrontendGuard extends ModelServerEndpoint {
     // Aggregators seen already (guarded or not), by identity; only the watcher uses it, and a
     // worker that is gone lets go of its aggregator.
     private static final Set<Object> seen = Collections.newSetFromMap(new WeakHashMap<>());
+    // the maps installed, for the count of requests in them; a worker that is gone lets go
+    private static final Set<ForgetfulJobs> installed =
+            Collections.synchronizedSet(Collections.newSetFromMap(new WeakHashMap<>()));
     private static volatile String lastError = "";
     private static Thread watcher;
 
@@ -133,9 +139,14 @@ public class HymtFrontendGuard extends ModelServerEndpoint {
         if (current instanceof ConcurrentHashMap) {
             guarded.incrementAndGet();
         } else if (current != null && current.isEmpty() && !LOADED.equals(String.valueOf(state))) {
-            jobs.set(aggregator, new ConcurrentHashMap<String, Object>());
+            ForgetfulJobs replacement = new ForgetfulJobs();
+            jobs.set(aggregator, replacement);
+            installed.add(replacement);
             guarded.incrementAndGet();
-            logger.info("hymt frontend guard: worker {}'s request map is now thread-safe", name(worker));
+            logger.info(
+                    "hymt frontend guard: worker {}'s request map is now thread-safe and forgets"
+                            + " answered requests",
+                    name(worker));
         } else {
             unguarded.incrementAndGet();
             logger.warn(
@@ -191,16 +202,30 @@ public class HymtFrontendGuard extends ModelServerEndpoint {
         return out.toString();
     }
 
+    private static int inBackend() {
+        synchronized (installed) {
+            int total = 0;
+            for (ForgetfulJobs map : installed) {
+                total += map.size();
+            }
+            return total;
+        }
+    }
+
     @Override
     public void doGet(Request req, Response rsp, Context ctx) throws IOException {
         String body =
                 String.format(
                         "{\"guarded\": %d, \"unguarded\": %d, \"scan_errors\": %d,"
-                                + " \"last_error\": \"%s\"}",
+                                + " \"last_error\": \"%s\", \"in_backend\": %d,"
+                                + " \"forgotten\": %d, \"late_replies\": %d}",
                         guarded.get(),
                         unguarded.get(),
                         errors.get(),
-                        json(lastError));
+                        json(lastError),
+                        inBackend(),
+                        ForgetfulJobs.forgotten.get(),
+                        ForgetfulJobs.lateReplies.get());
         rsp.setStatus(200);
         rsp.setContentType("application/json");
         try (OutputStream out = rsp.getOutputStream()) {

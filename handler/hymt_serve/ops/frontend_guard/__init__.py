@@ -1,17 +1,20 @@
-"""A TorchServe front-end plugin that makes async mode's per-worker request map thread-safe.
+"""A TorchServe front-end plugin for async mode: each worker's request map made thread-safe,
+and forgetting every request after its last reply.
 
 TorchServe 0.12.0 keeps the requests each async worker has in the backend in a plain
-``LinkedHashMap`` that two threads use without a lock; under load a reply's lookup can miss,
-and the worker's requests then go unanswered (``HymtFrontendGuard.java`` beside this file says
-how). The plugin, loaded from ``plugins_path`` at start-up, gives each new worker a
-``ConcurrentHashMap`` before its first request.
+``LinkedHashMap`` that two threads use without a lock (under load a reply's lookup can miss,
+and the worker's requests then go unanswered), and it removes a request only at a stream's last
+part (so every error reply stayed in its heap for good). The plugin, loaded from
+``plugins_path`` at start-up, gives each new worker a map of its own before its first request
+(``HymtFrontendGuard.java`` and ``ForgetfulJobs.java`` beside this file say how).
 
-It is Java: :func:`build` compiles it against the installed TorchServe's jar with the JDK's
-``javac`` into ``hymt-frontend-guard.jar`` here (``scripts/setup.sh`` and the Docker image do
-this at install time; a runtime has no compiler). ``hymt start`` puts this folder in
-``plugins_path`` when the jar is there (:func:`plugins_path`).
+It is Java, and its jar ``hymt-frontend-guard.jar`` is committed beside its sources, so every
+install has it without a JDK. :func:`build` rebuilds it byte for byte with ``javac`` (the
+``JAVAC_MAJOR`` release of the JDK, ``--release 11``) against the installed TorchServe's jar;
+``tests/unit/test_frontend_guard.py`` checks that the committed jar is that build. ``hymt start``
+puts this folder in ``plugins_path`` (:func:`plugins_path`).
 
-    python -m hymt_serve.ops.frontend_guard          # build (needs javac 11+ and torchserve)
+    python -m hymt_serve.ops.frontend_guard          # rebuild (needs javac 17 and torchserve)
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "HymtFrontendGuard.java"
+SOURCES = ("ForgetfulJobs.java", "HymtFrontendGuard.java")  # in this folder
 JAR = HERE / "hymt-frontend-guard.jar"
 CLASS = "org.hymt.frontend.HymtFrontendGuard"
 SERVICE = "META-INF/services/org.pytorch.serve.servingsdk.ModelServerEndpoint"
 URL_PATTERN = "hymt-frontend-guard"  # GET on the management API: the counts, as JSON
 RELEASE = "11"  # TorchServe 0.12.0's own minimum; the jar runs on any Java from 11 on
+JAVAC_MAJOR = 17  # the JDK that built the committed jar: another javac may order bytes otherwise
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the same sources give the same jar
 
 
@@ -58,22 +62,34 @@ def find_javac() -> str | None:
     return shutil.which("javac")
 
 
-def build(out: Path = JAR, javac: str | None = None) -> Path:
-    """Compile the plugin and write its jar to ``out`` (replaced only when the build works)."""
+def javac_major(javac: str) -> int | None:
+    """The major version of ``javac`` (17 for "javac 17.0.15"), None where it does not say."""
+    result = subprocess.run([javac, "-version"], capture_output=True, text=True, check=False)
+    words = (result.stdout + result.stderr).split()
+    if len(words) < 2 or words[0] != "javac":
+        return None
+    head = words[1].split(".")[0].split("-")[0]
+    return int(head) if head.isdigit() else None
+
+
+def build(out: Path = JAR, javac: str | None = None, source: Path = HERE) -> Path:
+    """Compile the plugin's sources in ``source`` and write its jar to ``out`` (replaced only
+    when the build works). Raises BuildError."""
     javac = javac or find_javac()
     if javac is None:
         raise BuildError("no javac (a JDK 11 or newer) on PATH or in JAVA_HOME")
     with tempfile.TemporaryDirectory() as tmp:
         classes = Path(tmp) / "classes"
+        # relative paths, so that nothing of this machine's folders can reach the class files
         result = subprocess.run(
-            [javac, "--release", RELEASE, "-nowarn", "-cp", str(torchserve_jar()),
-             "-d", str(classes), str(SOURCE)],
-            capture_output=True, text=True, check=False,
+            [javac, "--release", RELEASE, "-nowarn", "-encoding", "UTF-8",
+             "-cp", str(torchserve_jar()), "-d", str(classes), *SOURCES],
+            capture_output=True, text=True, check=False, cwd=source,
         )  # fmt: skip
         if result.returncode != 0:
             raise BuildError(f"javac failed:\n{result.stdout}{result.stderr}")
         staged = Path(tmp) / out.name
-        with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as jar:
+        with zipfile.ZipFile(staged, "w", zipfile.ZIP_STORED) as jar:
             _add(jar, "META-INF/MANIFEST.MF", b"Manifest-Version: 1.0\r\n\r\n")
             _add(jar, SERVICE, f"{CLASS}\n".encode())
             for path in sorted(classes.rglob("*.class")):
@@ -84,13 +100,17 @@ def build(out: Path = JAR, javac: str | None = None) -> Path:
 
 
 def _add(jar: zipfile.ZipFile, name: str, data: bytes) -> None:
+    # stored, not deflated: the bytes of a compressed entry depend on the zlib at hand
     info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
-    info.compress_type = zipfile.ZIP_DEFLATED
+    info.compress_type = zipfile.ZIP_STORED
+    info.create_system = 3  # Unix, wherever it is built
+    info.external_attr = 0o644 << 16
     jar.writestr(info, data)
 
 
 def plugins_path() -> Path | None:
-    """The folder to give TorchServe as ``plugins_path``: this one, if the jar is built."""
+    """The folder to give TorchServe as ``plugins_path``: this one, if the jar is there (it is
+    committed; only a broken install lacks it)."""
     return HERE if JAR.is_file() else None
 
 
