@@ -22,8 +22,28 @@ const MESSAGES = {
   payload_too_large: "The text is too long for the server.",
   server_busy: "The server is busy. Try again in a moment.",
   server_unavailable: "The translation server cannot be reached.",
+  unauthorized: "This server needs a client key: reload the page and enter one.",
+  quota_exceeded: "The character limit of this key is reached.",
+  too_many_requests: "Too many translations at once with this key. Try again in a moment.",
   out_of_memory: "The server ran out of memory for this text. Try a shorter text.",
 };
+
+// The client key, when the server asks for one (it listens beyond this machine): typed once,
+// kept for this tab only, sent as "Authorization: Bearer <key>".
+function authorized(headers = {}) {
+  const key = sessionStorage.getItem("hymt-key");
+  return key ? { ...headers, Authorization: `Bearer ${key}` } : headers;
+}
+
+function askForKey() {
+  $("key-form").hidden = false;
+  $("key").focus();
+  $("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem("hymt-key", $("key").value.trim());
+    location.reload();
+  }, { once: true });
+}
 
 function showError(message) {
   $("error").textContent = message;
@@ -126,7 +146,7 @@ async function translate() {
   try {
     const response = await fetch(refine ? "/api/refine" : "/api/translate", {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers: authorized({ "Content-Type": "application/json" }),
       body: JSON.stringify(body),
     });
     if (!response.ok) {
@@ -230,7 +250,7 @@ async function translateFile(file) {
   try {
     const response = await fetch("/api/translate", {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers: authorized({ "Content-Type": "application/json" }),
       body: JSON.stringify(body),
     });
     if (!response.ok) {
@@ -319,7 +339,12 @@ async function copyOutput() {
 }
 
 async function init() {
-  const config = await fetch("/api/config").then((r) => r.json());
+  const answer = await fetch("/api/config", { headers: authorized() });
+  if (answer.status === 401) {
+    sessionStorage.removeItem("hymt-key");
+    return askForKey();
+  }
+  const config = await answer.json();
   state.maxChars = config.max_chars;
   state.maxDocumentBytes = config.max_document_bytes;
   $("model").textContent = config.family ? `${config.model} · ${config.family}` : config.model;
