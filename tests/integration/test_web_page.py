@@ -376,3 +376,35 @@ def test_the_proxy_streams_a_document_progress_then_the_result(page_url: str) ->
     final = lines[-1]
     assert final["segments"] == 12 and final["document"].count("\n\n") >= 11
     assert final["document"].endswith("\n")
+
+
+def test_a_server_that_needs_keys_asks_for_one_and_counts_it(
+    server: Server, browser: Any, tmp_path: Path
+) -> None:
+    """Off loopback (``require_keys``) the page asks for a client key, keeps it for the tab and
+    sends it with every call; the characters count against that key."""
+    from hymt_serve.web.keys import ClientKeys
+
+    keys = ClientKeys.open(tmp_path / "web_keys.json")
+    [port] = free_ports(1)
+    app = create_app(server, client_keys=keys, require_keys=True)
+    web = make_server("127.0.0.1", port, app, threaded=True)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#key-form", state="visible")
+        assert page.evaluate("window.hymt.ready") is not True
+        page.fill("#key", keys.keys[0].key)
+        page.click("#key-form button")
+        page.wait_for_function("window.hymt && window.hymt.ready === true")
+        assert page.is_hidden("#key-form")
+        page.fill("#input", "Good morning.")
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('stats').textContent.includes(' s')")
+        assert page.is_hidden("#error")
+        assert keys.used(keys.keys[0]) == len("Good morning.")
+    finally:
+        context.close()
+        web.shutdown()

@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--requests-per-key",
         type=int,
         default=32,
-        help="requests one client key (or, without keys, one address) may have in progress",
+        help="requests one client key may have in progress (429 beyond)",
     )
     web.add_argument(
         "--threads",

@@ -278,9 +278,6 @@ _SRT_TIMING = re.compile(rf"[ \t]*{_SRT_TIME}[ \t]*-->[ \t]*{_SRT_TIME}(?:[ \t].
 
 def _srt(text: str, out: Pieces) -> None:
     lines = _lines(text)
-    if lines and lines[0].startswith("\ufeff"):
-        out.literal("\ufeff")
-        lines[0] = lines[0][1:]
     index, cue = 0, 0
     while index < len(lines):
         if _blank(lines[index]):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from sentencex import get_sentence_boundaries
 
 from hymt_serve.request.document_formats import PARSERS, TAG_AT
+from hymt_serve.request.markup import EMAIL
 
 FORMATS = ("text", "markdown", "html", "srt")
 # The inline markup a format's segments carry (the kinds of markup.to_tags).
@@ -41,7 +42,10 @@ MARKUP_KIND = {"text": "text", "markdown": "markdown", "html": "html", "srt": "h
 Measure = Callable[[str], int]  # tokens of a text
 
 _LETTER = re.compile(r"[^\W\d_]")
-_URL = re.compile(r"\b(?:https?|ftp)://[^\s<>]+")
+_URL = re.compile(r"\b(?:https?|ftp)://[^\s<>]+|" + EMAIL.pattern)
+_BOM = "\ufeff"
+_LINE_BREAK = re.compile(r"[ \t]*\r?\n[ \t]*")
+_BLANK_LINES = re.compile(r"(\r?\n)(?:[ \t]*\r?\n)+")
 _TICKS = re.compile(r"`+")
 _CLAUSE = re.compile(r"[\s，、；：,;:]+")  # where a sentence over the budget may be cut
 
@@ -63,13 +67,40 @@ class Document:
         return 1 + sum(piece.count("\n") for piece in before)
 
     def assemble(self, translations: Sequence[str]) -> str:
-        """The document with each segment replaced by its translation, in order."""
+        """The document with each segment replaced by its translation, in order; each
+        translation keeps its segment's line endings (and the structure, :func:`_fit`)."""
         if len(translations) != len(self.segments):
             raise ValueError(f"{len(translations)} translations for {len(self.segments)} segments")
+        newline = _newline("".join(self.pieces[0::2])) or "\n"
         parts = [self.pieces[0]]
-        for translation, literal in zip(translations, self.pieces[2::2], strict=True):
-            parts += (translation, literal)
+        for translation, segment, literal in zip(
+            translations, self.segments, self.pieces[2::2], strict=True
+        ):
+            parts += (_fit(translation, segment, self.format, newline), literal)
         return "".join(parts)
+
+
+def _newline(text: str) -> str | None:
+    """The line ending ``text`` uses throughout ("\r\n" or "\n"); None for none or a mix."""
+    lines = text.count("\n")
+    if not lines:
+        return None
+    crlf = text.count("\r\n")
+    return "\r\n" if crlf == lines else "\n" if not crlf else None
+
+
+def _fit(translation: str, segment: str, kind: str, newline: str) -> str:
+    """A translation in its segment's place: a one-line Markdown segment (heading, list item,
+    table cell) stays one line, a subtitle gets no blank line (that would end its cue), and
+    line breaks take the segment's ending (the document's for a one-line segment)."""
+    if "\n" not in segment and kind == "markdown":
+        return _LINE_BREAK.sub(" ", translation)
+    if kind == "srt":
+        translation = _BLANK_LINES.sub(r"\1", translation)
+    ending = _newline(segment) if "\n" in segment else newline
+    if ending is None:  # the segment mixes endings: nothing to follow
+        return translation
+    return re.sub(r"\r?\n", ending, translation)
 
 
 def split_document(
@@ -79,7 +110,9 @@ def split_document(
     segments of at most ``budget`` tokens where it has places to cut. Raises InvalidRequest
     for a malformed SRT file."""
     pieces = _Pieces(kind, budget, measure, language or "en")
-    PARSERS[kind](text, pieces)
+    body = text.removeprefix(_BOM)  # a byte order mark is no part of the first block
+    pieces.literal(text[: len(text) - len(body)])
+    PARSERS[kind](body, pieces)
     document = Document(kind, pieces.done())
     assert "".join(document.pieces) == text, "a document must reassemble byte for byte"
     return document
@@ -146,10 +179,10 @@ def _has_letter(text: str, protected: list[tuple[int, int]]) -> bool:
 
 
 def _protected(text: str, kind: str) -> list[tuple[int, int]]:
-    """Sorted spans that are never cut and never count as prose: URLs, tags, and in Markdown
-    inline code."""
+    """Sorted spans that are never cut and never count as prose: URLs, e-mail addresses, tags,
+    and in Markdown inline code."""
     spans = [m.span() for m in _URL.finditer(text)]
-    if kind in ("markdown", "html"):
+    if kind in ("markdown", "html", "srt"):
         spans += _tags(text)
     if kind == "markdown":
         spans += _code_spans(text)

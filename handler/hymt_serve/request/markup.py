@@ -6,10 +6,13 @@ Each piece of markup that wraps text (``**bold**``, ``[a link](url)``, ``<b>…<
 may hold HTML too) becomes
 ``<sN>text</sN>``: the model translates the text and keeps the tags where the translated words
 go, and the original opening and closing markup replaces them. Markup with no text of its own
-to translate (inline code, an autolink or bare URL, ``<br>``, ``<img>``, an HTML comment, a
-``<code>``/``<pre>``/``<script>``/``<style>`` element with its content, an unpaired tag) becomes
-an empty ``<sN></sN>`` that stands for the original text, untranslated. A pair the model lost
-(or kept only half of) leaves its text plain; :func:`restore` counts those.
+to translate (inline code, an autolink, a bare URL or e-mail address, ``<br>``, ``<img>``, an
+HTML comment, a ``<code>``/``<pre>``/``<script>``/``<style>`` element with its content, an
+unpaired tag) becomes an empty ``<sN></sN>`` that stands for the original text, untranslated.
+:func:`restore` counts the tags the model lost (or kept only half of); for texts their markup
+is dropped, while a document's (``keep_lost``) is put back: the output is repaired so that every
+tag comes back once, well nested, around the best span it can find
+(:mod:`hymt_serve.request.markup_repair`).
 
 Inline markup only: block structure (headings, lists, tables) is the documents feature's job.
 """
@@ -17,16 +20,22 @@ Inline markup only: block structure (headings, lists, tables) is the documents f
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from hymt_serve.request.errors import InvalidRequest
+from hymt_serve.request.markup_repair import TAG, Markup, repair, tag_number
 
-TAG = re.compile(r"<(/?)s(\d+)>")
+__all__ = ["EMAIL", "TAG", "Markup", "restore", "to_tags", "unwrap_target"]
+
 _LINKS = (
     r"(?P<autolink><(?:https?|mailto|ftp):[^\s<>]+>)"
     r"|(?P<url>\bhttps?://[^\s<>()\[\]]*[^\s<>()\[\].,;:!?'\"])"
 )
-_URLS = re.compile(_LINKS)
+# An e-mail address; the lookbehind keeps each run of address characters to one attempt.
+EMAIL = re.compile(
+    r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
+    r"(?![A-Za-z0-9-])"
+)
+_URLS = re.compile(_LINKS + "|" + EMAIL.pattern)
 _MD = re.compile(
     r"(?P<code>(?P<ticks>`+)(?!`).+?(?<!`)(?P=ticks)(?!`))|"
     + _LINKS
@@ -43,15 +52,6 @@ _HTML_TOKEN = re.compile(
 _VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta"})
 _VOID |= {"source", "track", "wbr"}
 _OPAQUE = frozenset({"code", "pre", "script", "style", "kbd", "samp", "var", "math", "svg"})
-
-
-@dataclass(frozen=True)
-class Markup:
-    """The markup behind each tag number (``opens[n - 1]``, ``closes[n - 1]``); an empty
-    close marks a stand-in (an empty ``<sN></sN>``)."""
-
-    opens: tuple[str, ...] = ()
-    closes: tuple[str, ...] = ()
 
 
 def to_tags(text: str, kind: str, *, tags_in_text: bool = False) -> tuple[str, Markup]:
@@ -72,7 +72,33 @@ def to_tags(text: str, kind: str, *, tags_in_text: bool = False) -> tuple[str, M
         parts += (convert(text[position : match.start()]), builder._stand_in(match[0]))
         position = match.end()
     parts.append(convert(text[position:]))
-    return "".join(parts), Markup(tuple(builder.opens), tuple(builder.closes))
+    tagged = "".join(parts)
+    return tagged, Markup(tuple(builder.opens), tuple(builder.closes), *_layout(tagged))
+
+
+def _layout(tagged: str) -> tuple[str, tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """``tagged`` (well nested, as the builder makes it) without its tags, each tag's span in
+    that text and the tag it sits in."""
+    plain: list[str] = []
+    spans: dict[int, tuple[int, int]] = {}
+    parents: dict[int, int] = {}
+    stack: list[int] = []
+    offset = position = 0
+    for match in TAG.finditer(tagged):
+        plain.append(tagged[position : match.start()])
+        offset += match.start() - position
+        position = match.end()
+        number = int(match[2])
+        if not match[1]:
+            parents[number] = stack[-1] if stack else 0
+            spans[number] = (offset, offset)
+            stack.append(number)
+        elif stack and stack[-1] == number:
+            stack.pop()
+            spans[number] = (spans[number][0], offset)
+    plain.append(tagged[position:])
+    numbers = sorted(spans)
+    return "".join(plain), tuple(spans[n] for n in numbers), tuple(parents[n] for n in numbers)
 
 
 class _Builder:
@@ -123,7 +149,7 @@ class _Builder:
         pending: list[int] = []  # tag numbers of the open pairs, innermost last
         while index < len(tokens):
             token = tokens[index]
-            parts.append(text[position : token.start()])
+            parts.append(self.urls(text[position : token.start()]))
             position = token.end()
             name = (token["name"] or "").lower()
             mate = partner.get(index)
@@ -141,7 +167,7 @@ class _Builder:
             else:
                 parts.append(f"</s{pending.pop()}>")
             index += 1
-        parts.append(text[position:])
+        parts.append(self.urls(text[position:]))
         return "".join(parts)
 
 
@@ -168,33 +194,29 @@ def _pair_elements(tokens: list[re.Match[str]]) -> dict[int, int]:
 
 def restore(output: str, markup: Markup, *, keep_lost: bool = False) -> tuple[str, int]:
     """The model's ``output`` with its ``<sN>`` tags turned back into markup, and how many of
-    the source's tags did not come back whole (their text stays, plain; a stand-in's original
-    text is then missing, or with ``keep_lost`` added at the end, so code and URLs survive).
-    Tags the source did not have are dropped."""
+    the source's tags did not come back whole. Without ``keep_lost`` a lost tag's text stays
+    plain (a stand-in's original text is missing) and tags the source did not have are
+    dropped; with it (documents) nothing is lost: :func:`.markup_repair.repair` puts every tag
+    back."""
     count = len(markup.opens)
-    seen_open = {int(m[2]) for m in TAG.finditer(output) if not m[1]}
-    seen_close = {int(m[2]) for m in TAG.finditer(output) if m[1]}
+    found = [(bool(m[1]), tag_number(m)) for m in TAG.finditer(output)]
+    seen_open = {n for closing, n in found if not closing}
+    seen_close = {n for closing, n in found if closing}
     whole = {
         n
         for n in range(1, count + 1)
         if n in seen_open and (n in seen_close or not markup.closes[n - 1])
     }
+    if keep_lost:
+        return repair(output, markup), count - len(whole)
 
     def replace(match: re.Match[str]) -> str:
-        number = int(match[2])
+        number = tag_number(match)
         if number not in whole:
             return ""
         return markup.closes[number - 1] if match[1] else markup.opens[number - 1]
 
-    text = TAG.sub(replace, output)
-    if keep_lost:
-        lost = [
-            markup.opens[n - 1]
-            for n in range(1, count + 1)
-            if n not in whole and not markup.closes[n - 1]
-        ]
-        text = " ".join([text, *lost])
-    return text, count - len(whole)
+    return TAG.sub(replace, output), count - len(whole)
 
 
 def unwrap_target(output: str) -> str:

@@ -1,18 +1,18 @@
 """The web front end: serves the page and forwards translations to TorchServe.
 
 The TorchServe inference key stays on this server (read from the key file at each call, so a
-renewed key is picked up); the browser never sees it.
+renewed key is picked up); the browser never sees it. ``/api/translate`` is a proxy of the
+request API: the JSON object the browser sent is forwarded whole, so TorchServe's and the
+handler's own answers (errors included) reach the browser. A single text is streamed unless the
+client says otherwise: the page receives TorchServe's newline-delimited JSON as it is generated.
 
 Who may call what (``ALWAYS_OPEN``, ``OWN_KEYS``): the page itself and the health probes are
 open. The LibreTranslate, DeepL and v2 inference APIs always ask for a client key (each in its
 API's own way). Everything else (the page's ``/api/*``, the language and model lists) is open
 when the front end listens on loopback only, and asks for a client key (``Authorization:
 Bearer <key>``, characters counted against its limit) when ``require_keys`` (``hymt web`` sets
-it for any other address). Every call to TorchServe holds an upstream slot and every client
-request counts against its client's limit (:mod:`.fairness`). ``/api/translate`` is a proxy of the
-request API: the JSON object the browser sent is forwarded whole, so TorchServe's and the
-handler's own answers (errors included) reach the browser. A single text is streamed unless the
-client says otherwise: the page receives TorchServe's newline-delimited JSON as it is generated.
+it for any other address). Every call to TorchServe holds an upstream slot, and each client
+key's requests in progress are bounded (:mod:`.fairness`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import http.cookiejar
 import ipaddress
 import json
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import requests
@@ -89,6 +90,10 @@ NEEDS_KEY = {
 }
 
 
+class QuotaReached(Exception):
+    """The client key's character limit would be passed (429 ``quota_exceeded``)."""
+
+
 def create_app(
     server: Server,
     model: str = "hunyuan-mt",
@@ -141,6 +146,10 @@ def create_app(
             return _response(NEEDS_KEY, 401)
         return None
 
+    @app.errorhandler(QuotaReached)
+    def quota_reached(_error: QuotaReached) -> Response:
+        return _response(QUOTA_REACHED, 429)
+
     @app.errorhandler(Busy)
     def busy(error: Busy) -> Response:
         response = _response(error.body(), error.status)
@@ -185,15 +194,9 @@ def create_app(
                 error_type="invalid_request",
             ), 400
         key: ClientKey | None = g.client_key
-        with limits.hold(_client(key)):
-            if key is None or client_keys is None:
-                return _forward(server, upstream, predictions, _with_default_stream(body))
-            characters = _characters(body)
-            if not client_keys.reserve(key, characters):
-                return _response(QUOTA_REACHED, 429)
+        with _held(limits, key), _counted(client_keys, key, _characters(body)) as outcome:
             answer = _forward(server, upstream, predictions, _with_default_stream(body))
-            if answer.status_code != 200:
-                client_keys.refund(key, characters)
+            outcome.append(answer.status_code)
             return answer
 
     @app.post("/api/refine")
@@ -210,8 +213,10 @@ def create_app(
                 error="send a JSON object with the header 'Content-Type: application/json'",
                 error_type="invalid_request",
             ), 400
-        with limits.hold(_client(g.client_key)):
+        key: ClientKey | None = g.client_key
+        with _held(limits, key), _counted(client_keys, key, _characters(body)) as outcome:
             status, answer = refine(body, post, model, refine_model)
+            outcome.append(status)
         return jsonify(answer), status
 
     return app
@@ -387,9 +392,29 @@ def _queue_size(server: Server, model: str) -> int | None:
         return None
 
 
-def _client(key: ClientKey | None) -> str:
-    """Whose request this is, for the per-client limits: the key's name, else the address."""
-    return f"key:{key.name}" if key is not None else f"address:{request.remote_addr}"
+def _held(limits: KeyLimits, key: ClientKey | None) -> AbstractContextManager[None]:
+    """One request in progress for ``key`` (nothing counted without a key: on loopback the
+    front end cannot tell its clients apart)."""
+    return limits.hold(f"key:{key.name}") if key is not None else nullcontext()
+
+
+@contextmanager
+def _counted(
+    keys: ClientKeys | None, key: ClientKey | None, characters: int
+) -> Iterator[list[int]]:
+    """Count ``characters`` against ``key`` (QuotaReached past its limit); given back
+    unless the block appends a 200 to the list it gets. Nothing counted without a key."""
+    outcome: list[int] = []
+    if key is None or keys is None:
+        yield outcome
+        return
+    if not keys.reserve(key, characters):
+        raise QuotaReached()
+    try:
+        yield outcome
+    finally:
+        if outcome != [200]:
+            keys.refund(key, characters)
 
 
 def _characters(body: dict[str, Any]) -> int:

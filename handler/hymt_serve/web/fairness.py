@@ -11,8 +11,9 @@ end never lets its own calls fill it, and never lets one client take all of it:
   DeepL list) is sent in chunks, at most ``window`` of them in flight: a huge request takes
   longer instead of taking the queue. A chunk that TorchServe refuses as busy is sent again
   (``BUSY_RETRIES`` times, backing off): the request goes on when others made room.
-- ``KeyLimits``: each client key (or, where keys are not asked for, each client address) has at
-  most ``per_key`` requests in progress; more get 429 at once.
+- ``KeyLimits``: each client key has at most ``per_key`` requests in progress; more get 429 at
+  once. (Without keys, on loopback, the front end cannot tell its clients apart: the slots above
+  still bound them all.)
 
 :class:`Busy` carries the status, the message and the seconds to wait; the routes turn it into
 their API's error shape.
