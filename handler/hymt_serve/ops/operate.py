@@ -1,5 +1,5 @@
-"""Operating a running server: scaling its workers with checks, and telling whether it can
-translate now (``hymt scale``, ``hymt health``).
+"""Operating a running server: scaling its workers with checks, telling whether it can
+translate now, and whether our front-end plugin guards it (``hymt scale``, ``hymt health``).
 
 TorchServe 0.12.0's management API takes any worker count without a word, and its describe
 API can report READY for a worker it has lost; these functions do not trust either.
@@ -13,6 +13,7 @@ from typing import Any
 import requests
 
 from hymt_serve.engine.shared import exists as alive
+from hymt_serve.ops.frontend_guard import URL_PATTERN
 from hymt_serve.ops.launcher import (
     LaunchError,
     Server,
@@ -131,3 +132,34 @@ def _translation_problem(server: Server, name: str, timeout: float) -> list[str]
     if response.status_code != 200:
         return [f"a one-token translation got HTTP {response.status_code}"]
     return []
+
+
+def guard_report(server: Server, timeout: float = 8.0) -> str:
+    """One line on our front-end plugin (async mode's request maps, thread-safe and forgetting
+    answered requests; hymt_serve.ops.frontend_guard): active, not loaded, or what it counts.
+    Never raises: a health check reports it and does not fail on it."""
+    try:
+        response = requests.get(
+            f"{server.management_url()}/{URL_PATTERN}",
+            headers=server.headers("management"),
+            timeout=timeout,
+        )
+        counts = response.json() if response.status_code == 200 else None
+    except (OSError, ValueError) as exc:  # requests' errors and an unreadable key file
+        return f"front-end guard: unknown (cannot ask: {type(exc).__name__})"
+    if not isinstance(counts, dict):
+        return (
+            f"front-end guard: not loaded (HTTP {response.status_code}): async workers keep"
+            " TorchServe's own request maps"
+        )
+    guarded, unguarded = counts.get("guarded", 0), counts.get("unguarded", 0)
+    facts = (
+        f"{guarded} async worker(s) guarded, {unguarded} unguarded, "
+        f"{counts.get('in_backend', 0)} request(s) in the backend, "
+        f"{counts.get('forgotten', 0)} forgotten after a whole or error reply"
+    )
+    if counts.get("scan_errors"):
+        return f"front-end guard: failing ({facts}; last error: {counts.get('last_error')})"
+    if unguarded:
+        return f"front-end guard: partly active ({facts})"
+    return f"front-end guard: {'active' if guarded else 'loaded, no async worker'} ({facts})"

@@ -83,7 +83,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.operate import health, liveness
+    from hymt_serve.ops.operate import guard_report, health, liveness
 
     server = _server(args.workdir)
     try:
@@ -93,9 +93,11 @@ def cmd_health(args: argparse.Namespace) -> int:
         problems = [f"cannot ask the server: {type(exc).__name__}: {exc}"]
     if problems:
         print(f"unhealthy: {'; '.join(problems)}", file=sys.stderr)
-        return 1
-    print(f"healthy: {args.model} {'lives' if args.liveness else 'translates'}")
-    return 0
+    else:
+        print(f"healthy: {args.model} {'lives' if args.liveness else 'translates'}")
+    if not args.liveness:  # the liveness probe stays one describe call
+        print(guard_report(server, args.timeout))
+    return 1 if problems else 0
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
