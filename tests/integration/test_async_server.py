@@ -21,6 +21,7 @@ from conftest import MODEL, running_server
 
 from hymt_serve.ops.frontend_guard import JAR, URL_PATTERN
 from hymt_serve.ops.launcher import Server, model_workers
+from hymt_serve.ops.operate import guard_report
 from hymt_serve.request.metrics import FLUSH_S
 
 pytestmark = pytest.mark.integration
@@ -317,6 +318,7 @@ def test_every_worker_gets_a_thread_safe_request_map(async_server: Server) -> No
     assert counts["scan_errors"] == 0, counts
     log = (async_server.log_dir / "ts_log.log").read_text(errors="replace")
     assert "request map is now thread-safe" in log
+    assert guard_report(async_server).startswith("front-end guard: active (")  # hymt health
 
 
 def test_the_front_end_writes_no_log_line_per_request(async_server: Server) -> None:
@@ -342,3 +344,46 @@ def test_the_front_end_writes_no_log_line_per_request(async_server: Server) -> N
     # what is not per request stays: the server's start-up, the handler's own lines
     assert "Torchserve version: 0.12.0" in (logs / "ts_log.log").read_text(errors="replace")
     assert "handler ready" in (logs / "model_log.log").read_text(errors="replace")
+
+
+HANG_MARKER = 7
+
+
+@pytest.fixture
+def hanging_server(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Server]:
+    """A server of its own: this test kills its worker."""
+    archive = {
+        "asyncCommunication": True,
+        "batchSize": 1,
+        "minWorkers": 1,
+        "maxWorkers": 1,
+        "handler.engine": "fast",
+        "handler.max_new_tokens": 24,
+        "handler.test_hang_max_new_tokens": HANG_MARKER,
+    }
+    with running_server(tiny_model_dir, tmp_path, archive) as server:
+        yield server
+
+
+def test_requests_of_a_dead_worker_get_503_and_leave(hanging_server: Server) -> None:
+    """TorchServe 0.12.0 never answers an async-mode request whose worker process died: its
+    client waited until its own timeout, and the request stayed in the front end for good. Our
+    front-end plugin answers it 503 "Worker died." once the connection to that process has been
+    closed for 2 s, and forgets it."""
+    body = {"text": "hang", "target_lang": "fr", "max_new_tokens": HANG_MARKER}
+    held = guard_counts(hanging_server)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        pending = [pool.submit(post, hanging_server, body, 30) for _ in range(3)]
+        deadline = time.monotonic() + 30
+        while guard_counts(hanging_server)["in_backend"] < held["in_backend"] + 3:
+            assert time.monotonic() < deadline, "the requests never reached the worker"
+            time.sleep(0.2)
+        killed = time.monotonic()
+        os.kill(int(str(pids(hanging_server)[0])), signal.SIGKILL)
+        responses = [future.result() for future in pending]  # a hang here: 30 s, then fails
+    assert [r.status_code for r in responses] == [503] * 3
+    assert all("Worker died." in r.text for r in responses)
+    assert time.monotonic() - killed < 15
+    counts = guard_counts(hanging_server)
+    assert counts["worker_died"] >= held["worker_died"] + 3, counts
+    assert counts["in_backend"] == held["in_backend"], counts

@@ -1,7 +1,10 @@
 package org.hymt.frontend;
 
+import io.netty.channel.Channel;
+import java.lang.reflect.Field;
 import java.util.Collections;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
@@ -30,15 +33,27 @@ import org.pytorch.serve.util.messages.WorkerCommands;
  * misses would throw and cost the worker its connection. So the ids of requests forgotten at an
  * error are kept a while (the last {@link #LATE_IDS}), and a lookup of one of them gets a job
  * that drops the reply.
+ *
+ * <p>A request whose worker process died is never answered by TorchServe 0.12.0 in async mode:
+ * its client waits until it gives up, and the request stays. Each job notes the connection to
+ * the worker process it was sent on; {@link #sweep} (called by the plugin's watcher) answers
+ * those whose connection has been closed for {@link #ORPHAN_GRACE_MS} with 503 "Worker died."
+ * and lets go of them. Their requests can only be answered over that connection.
  */
 final class ForgetfulJobs extends ConcurrentHashMap<String, Job> {
     private static final long serialVersionUID = 1L;
     static final int LATE_IDS = 4096;
+    static final long ORPHAN_GRACE_MS = 2000;
 
     /** Jobs let go of at a whole reply or an error, over every map (TorchServe would keep them). */
     static final AtomicLong forgotten = new AtomicLong();
     /** Replies that came for a request already forgotten at an error, and were dropped. */
     static final AtomicLong lateReplies = new AtomicLong();
+    /** Requests answered 503 because the worker process they were sent to was gone. */
+    static final AtomicLong orphaned = new AtomicLong();
+
+    private final transient Object worker; // the WorkerThread whose aggregator holds this map
+    private final transient Field backendChannel; // WorkerThread.backendChannel, accessible
 
     // ids of requests forgotten at an error, oldest first, at most LATE_IDS
     private final Set<String> lateIds =
@@ -53,10 +68,47 @@ final class ForgetfulJobs extends ConcurrentHashMap<String, Job> {
                                 }
                             }));
 
+    ForgetfulJobs(Object worker, Field backendChannel) {
+        this.worker = worker;
+        this.backendChannel = backendChannel;
+    }
+
     @Override
     public Job put(String id, Job job) {
         Job real = job instanceof Tracked ? ((Tracked) job).real : job; // re-queued by an error
-        return super.put(id, new Tracked(real, this));
+        return super.put(id, new Tracked(real, this, channel()));
+    }
+
+    /** The connection to the worker process now; TorchServe calls put on the worker's thread. */
+    private Channel channel() {
+        try {
+            List<?> channels = (List<?>) backendChannel.get(worker);
+            Object first = channels.isEmpty() ? null : channels.get(0);
+            return first instanceof Channel ? (Channel) first : null;
+        } catch (IllegalAccessException | RuntimeException e) {
+            return null; // not swept, then: answered as TorchServe answers it
+        }
+    }
+
+    /** Answer 503 to each request whose worker connection has been closed a while, and forget it. */
+    void sweep(long now) {
+        for (Job job : values()) {
+            if (!(job instanceof Tracked)) {
+                continue;
+            }
+            Tracked tracked = (Tracked) job;
+            if (tracked.channel == null || tracked.channel.isActive()) {
+                continue;
+            }
+            if (tracked.closedSince == 0) {
+                tracked.closedSince = now; // a reply read just before the close may still come
+            } else if (now - tracked.closedSince >= ORPHAN_GRACE_MS
+                    && remove(tracked.getJobId(), tracked)) {
+                orphaned.incrementAndGet();
+                lateIds.add(tracked.getJobId());
+                tracked.real.sendError(503, "Worker died.");
+            }
+        }
     }
 
     @Override
@@ -83,12 +135,15 @@ final class ForgetfulJobs extends ConcurrentHashMap<String, Job> {
     /** A job whose replies go to the real one; after its last reply it leaves the map. */
     static final class Tracked extends Job {
         final Job real;
+        final Channel channel; // the worker connection it was sent on (null: unknown)
+        long closedSince; // when the sweep first saw that connection closed (its thread only)
         private final ForgetfulJobs owner;
 
-        Tracked(Job real, ForgetfulJobs owner) {
+        Tracked(Job real, ForgetfulJobs owner, Channel channel) {
             super(real.getModelName(), real.getModelVersion(), real.getCmd(), real.getPayload());
             this.real = real;
             this.owner = owner;
+            this.channel = channel;
         }
 
         @Override

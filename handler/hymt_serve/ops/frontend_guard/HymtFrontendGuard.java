@@ -2,14 +2,18 @@ package org.hymt.frontend;
 
 import java.io.IOException;
 import java.io.OutputStream;
+import java.lang.ref.WeakReference;
 import java.lang.reflect.Field;
+import java.util.ArrayList;
 import java.nio.charset.StandardCharsets;
 import java.util.Collection;
 import java.util.Collections;
+import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.WeakHashMap;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.pytorch.serve.servingsdk.Context;
 import org.pytorch.serve.servingsdk.ModelServerEndpoint;
@@ -59,9 +63,10 @@ public class HymtFrontendGuard extends ModelServerEndpoint {
     // Aggregators seen already (guarded or not), by identity; only the watcher uses it, and a
     // worker that is gone lets go of its aggregator.
     private static final Set<Object> seen = Collections.newSetFromMap(new WeakHashMap<>());
-    // the maps installed, for the count of requests in them; a worker that is gone lets go
-    private static final Set<ForgetfulJobs> installed =
-            Collections.synchronizedSet(Collections.newSetFromMap(new WeakHashMap<>()));
+    // the maps installed (held weakly: a worker that is gone lets go of its map; a list, as
+    // maps compare by their contents)
+    private static final List<WeakReference<ForgetfulJobs>> installed =
+            new CopyOnWriteArrayList<>();
     private static volatile String lastError = "";
     private static Thread watcher;
 
@@ -121,6 +126,24 @@ public class HymtFrontendGuard extends ModelServerEndpoint {
                 }
             }
         }
+        long now = System.currentTimeMillis();
+        for (ForgetfulJobs map : installedMaps()) {
+            map.sweep(now);
+        }
+    }
+
+    /** The maps installed whose workers are still there. */
+    private static List<ForgetfulJobs> installedMaps() {
+        List<ForgetfulJobs> maps = new ArrayList<>();
+        for (WeakReference<ForgetfulJobs> ref : installed) {
+            ForgetfulJobs map = ref.get();
+            if (map == null) {
+                installed.remove(ref);
+            } else {
+                maps.add(map);
+            }
+        }
+        return maps;
     }
 
     private static void visit(Object worker) throws ReflectiveOperationException {
@@ -139,9 +162,10 @@ public class HymtFrontendGuard extends ModelServerEndpoint {
         if (current instanceof ConcurrentHashMap) {
             guarded.incrementAndGet();
         } else if (current != null && current.isEmpty() && !LOADED.equals(String.valueOf(state))) {
-            ForgetfulJobs replacement = new ForgetfulJobs();
+            ForgetfulJobs replacement =
+                    new ForgetfulJobs(worker, field(worker.getClass(), "backendChannel"));
             jobs.set(aggregator, replacement);
-            installed.add(replacement);
+            installed.add(new WeakReference<>(replacement));
             guarded.incrementAndGet();
             logger.info(
                     "hymt frontend guard: worker {}'s request map is now thread-safe and forgets"
@@ -203,13 +227,11 @@ public class HymtFrontendGuard extends ModelServerEndpoint {
     }
 
     private static int inBackend() {
-        synchronized (installed) {
-            int total = 0;
-            for (ForgetfulJobs map : installed) {
-                total += map.size();
-            }
-            return total;
+        int total = 0;
+        for (ForgetfulJobs map : installedMaps()) {
+            total += map.size();
         }
+        return total;
     }
 
     @Override
@@ -218,14 +240,16 @@ public class HymtFrontendGuard extends ModelServerEndpoint {
                 String.format(
                         "{\"guarded\": %d, \"unguarded\": %d, \"scan_errors\": %d,"
                                 + " \"last_error\": \"%s\", \"in_backend\": %d,"
-                                + " \"forgotten\": %d, \"late_replies\": %d}",
+                                + " \"forgotten\": %d, \"late_replies\": %d,"
+                                + " \"worker_died\": %d}",
                         guarded.get(),
                         unguarded.get(),
                         errors.get(),
                         json(lastError),
                         inBackend(),
                         ForgetfulJobs.forgotten.get(),
-                        ForgetfulJobs.lateReplies.get());
+                        ForgetfulJobs.lateReplies.get(),
+                        ForgetfulJobs.orphaned.get());
         rsp.setStatus(200);
         rsp.setContentType("application/json");
         try (OutputStream out = rsp.getOutputStream()) {
