@@ -38,7 +38,7 @@ from typing import Any
 import requests
 
 from hymt_serve.ops.archive import build_archive
-from hymt_serve.ops.launcher import Server, start, stop, wait_ready
+from hymt_serve.ops.launcher import Server, free_port_overrides, start, stop, wait_ready
 from hymt_serve.ops.tiny_model import build_tiny_model, default_tokenizer_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,16 +77,6 @@ class Phase:
         }
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def start_stack(folder: Path) -> tuple[Server, subprocess.Popen[bytes], str, dict[str, str]]:
     """The tiny model on TorchServe and ``hymt web`` in front: (server, web process, web URL,
     keys by name)."""
@@ -97,20 +87,12 @@ def start_stack(folder: Path) -> tuple[Server, subprocess.Popen[bytes], str, dic
         template=REPO / "configs/model-config-cpu.yaml",
         export_path=store,
     )
-    inference, management, metrics, grpc_i, grpc_m, worker, web = free_ports(7)
     server, _ = start(
         REPO / "config.properties",
         folder / "run",
         model_store=store,
         models=["hunyuan-mt=hunyuan-mt.mar"],
-        overrides={
-            "inference_address": f"http://127.0.0.1:{inference}",
-            "management_address": f"http://127.0.0.1:{management}",
-            "metrics_address": f"http://127.0.0.1:{metrics}",
-            "grpc_inference_port": str(grpc_i),
-            "grpc_management_port": str(grpc_m),
-            "initial_worker_port": str(worker),
-        },
+        overrides=free_port_overrides(),
     )
     wait_ready(server, ["hunyuan-mt"], timeout=300)
     keys = {
@@ -121,6 +103,9 @@ def start_stack(folder: Path) -> tuple[Server, subprocess.Popen[bytes], str, dic
     entries = [{"name": n, "key": k, "character_limit": 10**9} for n, k in keys.items()]
     key_file.write_text(json.dumps({"keys": entries}))
     hymt = Path(sys.executable).with_name("hymt")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        web = probe.getsockname()[1]
     command = [str(hymt), "web", "--workdir", str(server.workdir), "--port", str(web)]
     command += ["--client-keys", str(key_file)]
     process = subprocess.Popen(

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from hymt_serve.ops.archive import build_archive
-from hymt_serve.ops.launcher import Server, start, stop, wait_ready
+from hymt_serve.ops.launcher import Server, free_port_overrides, start, stop, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "hunyuan-mt"
@@ -88,16 +88,7 @@ def running_server(
             overrides=archive,
             name=name,
         )
-    inference, management, metrics, grpc_i, grpc_m, worker = free_ports(6)
-    overrides = {
-        "inference_address": f"http://127.0.0.1:{inference}",
-        "management_address": f"http://127.0.0.1:{management}",
-        "metrics_address": f"http://127.0.0.1:{metrics}",
-        "grpc_inference_port": str(grpc_i),
-        "grpc_management_port": str(grpc_m),
-        "initial_worker_port": str(worker),
-        **(config_overrides or {}),
-    }
+    overrides = {**free_port_overrides(), **(config_overrides or {})}
     server, _ = start(
         REPO / "config.properties",
         folder / "run",

@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -178,6 +179,28 @@ def _is_web(pid: int) -> bool:
     return b"web" in command and any(
         part.endswith((b"hymt", b"hymt_serve.ops.cli", b"cli.py")) for part in command
     )
+
+
+def free_port_overrides() -> dict[str, str]:
+    """config.properties keys that put a server's ports (inference, management, metrics, both
+    gRPC ports) and its first worker port on free loopback ports: for a server beside others on
+    one host (tests, benchmarks)."""
+    sockets = [socket.socket() for _ in range(6)]
+    for each in sockets:
+        each.bind(("127.0.0.1", 0))
+    inference, management, metrics, grpc_i, grpc_m, worker = (
+        each.getsockname()[1] for each in sockets
+    )
+    for each in sockets:
+        each.close()
+    return {
+        "inference_address": f"http://127.0.0.1:{inference}",
+        "management_address": f"http://127.0.0.1:{management}",
+        "metrics_address": f"http://127.0.0.1:{metrics}",
+        "grpc_inference_port": str(grpc_i),
+        "grpc_management_port": str(grpc_m),
+        "initial_worker_port": str(worker),
+    }
 
 
 def start(
