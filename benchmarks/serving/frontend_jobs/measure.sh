@@ -1,37 +1,16 @@
 #!/usr/bin/env bash
-# Live request objects in TorchServe's front end while the tiny model serves a closed loop
-# (async mode, as the GPU profile runs): after each forced full GC, the count of RestJob and
-# RequestInput objects and the live heap, next to the requests answered so far.
-#   bash benchmarks/serving/frontend_jobs/measure.sh OUT_DIR [USERS] [SECONDS]
-# Needs the dev environment (scripts/setup.sh dev: TorchServe and its Java) and nothing on
-# ports 8080-8082.
+# TorchServe's front-end heap before and after 100,000 bad requests in async mode (the GPU
+# profile's mode), with TorchServe's own request map and with our front-end plugin, one after
+# the other: live heap and live RestJob objects after a full GC (bad_requests.py says how).
+#   bash benchmarks/serving/frontend_jobs/measure.sh OUT_DIR [REQUESTS] [EVERY]
+# Needs the dev environment (scripts/setup.sh dev: TorchServe and its Java, with jcmd beside
+# the java that runs it).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-out=${1:?output folder}; users=${2:-32}; seconds=${3:-150}
+out=${1:?output folder}; requests=${2:-100000}; every=${3:-10000}
 mkdir -p "$out"
-PYTHONPATH=$PWD/handler:$PWD/loadtest/serving python loadtest/serving/run_bench.py --tiny \
-  --skip-naive --modes continuous --users "$users" --duration "$seconds" --client-processes 2 \
-  --out "$out/bench" --work "$out/work" >"$out/bench.log" 2>&1 &
-bench=$!
-pid=""
-for _ in $(seq 300); do  # the front end's JVM, once it runs
-  pid=$(pgrep -f org.pytorch.serve.ModelServer | head -1 || true)
-  [ -n "$pid" ] && grep -q '"cold_start"' "$out/bench.log" 2>/dev/null && break
-  sleep 1
+for plugin in off on; do
+  PYTHONPATH=$PWD/handler python benchmarks/serving/frontend_jobs/bad_requests.py "$out" \
+    --plugin "$plugin" --requests "$requests" --every "$every" --job-queue 2 \
+    2>"$out/stderr-$plugin.log"
 done
-[ -n "$pid" ] || { echo "TorchServe did not start" >&2; exit 1; }
-jcmd="$(dirname "$(readlink -f /proc/"$pid"/exe)")/jcmd"
-metrics=http://127.0.0.1:8082/metrics
-echo "seconds,requests_answered,restjob_objects,requestinput_objects,live_heap_kb" >"$out/samples.csv"
-start=$(date +%s)
-while kill -0 "$bench" 2>/dev/null && kill -0 "$pid" 2>/dev/null; do
-  answered=$(curl -s "$metrics" | awk '/^ts_inference_requests_total/ {s += $2} END {print s + 0}')
-  histogram=$("$jcmd" "$pid" GC.class_histogram 2>/dev/null || true)  # forces a full GC first
-  jobs=$(awk '$4 == "org.pytorch.serve.job.RestJob" {print $2}' <<<"$histogram")
-  inputs=$(awk '$4 == "org.pytorch.serve.util.messages.RequestInput" {print $2}' <<<"$histogram")
-  heap=$("$jcmd" "$pid" GC.heap_info 2>/dev/null | awk '/heap.*used/ {for (i = 1; i <= NF; i++) if ($i == "used") print $(i + 1)}' | tr -d K | head -1)
-  [ -n "$jobs" ] && echo "$(( $(date +%s) - start )),$answered,$jobs,${inputs:-0},${heap:-0}" | tee -a "$out/samples.csv"
-  sleep 20
-done
-wait "$bench" || true
-grep '"users"' "$out/bench.log" | cut -c1-200
