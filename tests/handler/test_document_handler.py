@@ -129,7 +129,7 @@ def test_code_and_urls_the_model_drops_are_kept(monkeypatch: pytest.MonkeyPatch)
         ],
     )
     assert status == 200
-    assert reply["document"] == "RUN  NOW, SEE . `make` https://x.org/a"
+    assert reply["document"] == "RUN `make` NOW, SEE https://x.org/a."  # where they were
     assert reply["format_tags_lost"] == 2
 
 

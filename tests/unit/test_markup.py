@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hymt_serve.request.errors import InvalidRequest
-from hymt_serve.request.markup import TAG, Markup, restore, to_tags, unwrap_target
+from hymt_serve.request.markup import TAG, restore, to_tags, unwrap_target
 
 
 def test_markdown_spans_become_numbered_tags() -> None:
@@ -25,7 +25,8 @@ def test_markdown_spans_become_numbered_tags() -> None:
     ["snake_case_name stays", "2*3*4 = 24", "a * b * c", "price: 5 $ ** 2", "[not a link]"],
 )
 def test_markdown_lookalikes_stay_text(text: str) -> None:
-    assert to_tags(text, "markdown") == (text, Markup())
+    tagged, markup = to_tags(text, "markdown")
+    assert tagged == text and markup.opens == markup.closes == ()
 
 
 def test_html_pairs_wrap_and_the_rest_stands_in() -> None:
@@ -80,3 +81,85 @@ def test_tags_returned_as_sent_give_the_text_back(text: str, kind: str) -> None:
         return
     tagged, markup = to_tags(text, kind)
     assert restore(tagged, markup) == (text, 0)
+
+
+@given(markdownish, st.sampled_from(["markdown", "html", "text"]))
+def test_a_document_segment_returned_as_sent_is_the_segment(text: str, kind: str) -> None:
+    tagged, markup = to_tags(text, kind, tags_in_text=True)
+    assert restore(tagged, markup, keep_lost=True) == (text, 0)
+
+
+def test_a_dropped_link_and_image_keep_their_targets_and_titles() -> None:
+    source = 'Order [parts](https://example.com/p?id=42), see ![the logo](img/l.png "Logo").'
+    _, markup = to_tags(source, "markdown")
+    restored, lost = restore("BESTELLE TEILE, SIEHE DAS LOGO.", markup, keep_lost=True)
+    assert (
+        restored
+        == 'BESTELLE [TEILE,](https://example.com/p?id=42) SIEHE ![DAS LOGO.](img/l.png "Logo")'
+    )
+    assert lost == 2
+
+
+def test_a_dropped_pair_wraps_its_source_text_where_the_model_kept_it() -> None:
+    _, markup = to_tags("Call **Ada** and <b>Bob</b> today.", "markdown")
+    assert restore("Ruf Bob und Ada heute an.", markup, keep_lost=True) == (
+        "Ruf <b>Bob</b> und **Ada** heute an.",
+        2,
+    )
+
+
+def test_a_subtitle_in_italics_stays_in_italics() -> None:
+    _, markup = to_tags("<i>Hello there.</i>", "html")
+    assert restore("Hallo zusammen.", markup, keep_lost=True) == ("<i>Hallo zusammen.</i>", 1)
+
+
+LINK, TIME = '<a href="/x" title="T">', '<time datetime="12:00">'
+
+
+@pytest.mark.parametrize(
+    ("output", "restored", "lost"),
+    [
+        # repeated: the first whole pair counts
+        ("<s1>Hier</s1> <s1>um</s1> <s2>zwölf</s2>", f"{LINK}Hier</a> um {TIME}zwölf</time>", 0),
+        # close before open: the text between
+        ("</s1>Hier<s1> um <s2>zwölf</s2>", f"{LINK}Hier</a> um {TIME}zwölf</time>", 0),
+        # crossing: the outer pair closes later
+        ("<s1>Hier <s2>um</s1> zwölf</s2>", f"{LINK}Hier {TIME}um zwölf</time></a>", 0),
+        # half a pair: the words after it (as many as in the source); a tag the source lacks
+        # dropped; a tag cut off at the end dropped
+        ("<s1>Hier um <s7>x</s7> <s2>Uhr</s2></s", f"{LINK}Hier</a> um x {TIME}Uhr</time>", 1),
+        # left empty: put back around words
+        ("<s1></s1>Hier um <s2> </s2>zwölf", f"{LINK}Hier</a> um  {TIME}zwölf</time>", 0),
+    ],
+)
+def test_tags_dropped_repeated_moved_or_crossed_come_back_once_well_nested(
+    output: str, restored: str, lost: int
+) -> None:
+    _, markup = to_tags(f"{LINK}here</a> at {TIME}noon</time>", "html")
+    assert restore(output, markup, keep_lost=True) == (restored, lost)
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "tagged"),
+    [
+        (
+            "text",
+            "Mail a.b+c@x.example.org, or 联系support@x.com。",
+            "Mail <s1></s1>, or 联系<s2></s2>。",
+        ),
+        ("markdown", "**Write to me@x.org** now", "<s1>Write to <s2></s2></s1> now"),
+        (
+            "html",
+            "<p>See https://x.org/a. Or me@x.org</p>",
+            "<s1>See <s2></s2>. Or <s3></s3></s1>",
+        ),
+    ],
+)
+def test_email_addresses_and_bare_urls_are_stand_ins(kind: str, text: str, tagged: str) -> None:
+    assert to_tags(text, kind)[0] == tagged
+
+
+def test_a_url_the_model_glued_to_a_word_is_kept_apart() -> None:
+    _, markup = to_tags("See https://x.org/a and me@x.org now", "text")
+    restored, _ = restore("Siehe<s1></s1>und<s2></s2>jetzt", markup, keep_lost=True)
+    assert restored == "Siehe https://x.org/a und me@x.org jetzt"

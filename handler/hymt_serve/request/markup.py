@@ -22,18 +22,13 @@ from __future__ import annotations
 import re
 
 from hymt_serve.request.errors import InvalidRequest
-from hymt_serve.request.markup_repair import TAG, Markup, repair, tag_number
+from hymt_serve.request.markup_repair import BARE_URL, EMAIL, TAG, Markup, repair, tag_number
 
 __all__ = ["EMAIL", "TAG", "Markup", "restore", "to_tags", "unwrap_target"]
 
 _LINKS = (
     r"(?P<autolink><(?:https?|mailto|ftp):[^\s<>]+>)"
-    r"|(?P<url>\bhttps?://[^\s<>()\[\]]*[^\s<>()\[\].,;:!?'\"])"
-)
-# An e-mail address; the lookbehind keeps each run of address characters to one attempt.
-EMAIL = re.compile(
-    r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
-    r"(?![A-Za-z0-9-])"
+    rf"|(?P<url>{BARE_URL.pattern})"
 )
 _URLS = re.compile(_LINKS + "|" + EMAIL.pattern)
 _MD = re.compile(
