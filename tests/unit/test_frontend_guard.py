@@ -116,4 +116,4 @@ def test_without_the_plugin_start_says_so(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert "plugins_path" not in _started_config(monkeypatch, tmp_path, None)
-    assert "front-end plugin is not built" in capsys.readouterr().err
+    assert "front-end plugin's jar is missing" in capsys.readouterr().err

@@ -225,8 +225,9 @@ def start(
             values["plugins_path"] = str(guard)
         else:
             print(
-                "hymt: the front-end plugin is not built (no JDK at install): async mode runs"
-                " with TorchServe's unsynchronised request map (README, operating notes)",
+                "hymt: the front-end plugin's jar is missing (a broken install: reinstall the"
+                " package): async mode runs with TorchServe's own request map, unsynchronised"
+                " and keeping every error reply (README, operating notes)",
                 file=sys.stderr,
             )
     write_properties(values, server.config_path)
