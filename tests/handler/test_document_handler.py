@@ -308,3 +308,38 @@ def test_a_document_fed_two_rows_at_a_time_through_the_real_scheduler(
     ((status, reply),) = run(handler, [{"document": document, "target_lang": "de"}])
     assert status == 200, reply
     assert reply["segments"] == 9 and reply["document"].endswith("\n")
+
+
+ISSUE_56 = [
+    (
+        "markdown",
+        "\ufeff# Title\r\n\r\nOrder [parts](https://example.com/p?id=42) and "
+        '![the logo](img/l.png "Logo") from a@b.org.\r\n',
+        "\ufeff# TITLE\r\n\r\nORDER [PARTS](https://example.com/p?id=42) AND "
+        '![THE LOGO](img/l.png "Logo") FROM a@b.org.\r\n',
+    ),
+    (
+        "html",
+        '<p>At <time datetime="2024-05-01">noon</time>, <b>read</b> '
+        '<a href="/x" title="T">it</a> or mail me@x.org.</p>',
+        '<p>AT <time datetime="2024-05-01">NOON</time>, <b>READ</b> '
+        '<a href="/x" title="T">IT</a> OR MAIL me@x.org.</p>',
+    ),
+    (
+        "srt",
+        "1\r\n00:00:01,000 --> 00:00:02,000\r\n<i>Hello there.</i>\r\n",
+        "1\r\n00:00:01,000 --> 00:00:02,000\r\n<i>HELLO THERE.</i>\r\n",
+    ),
+    ("text", "\ufeffWrite to a@b.org.\r\n", "\ufeffWRITE TO a@b.org.\r\n"),
+]
+
+
+@pytest.mark.parametrize(("kind", "document", "expected"), ISSUE_56)
+def test_markup_the_model_drops_comes_back_where_it_was(
+    kind: str, document: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model that drops every tag (and would mangle an address it saw) loses nothing."""
+    handler = start(FakeEngine(translate=lambda text: TAG.sub("", text).upper()), monkeypatch)
+    ((status, reply),) = run(handler, [{"document": document, "format": kind, "target_lang": "de"}])
+    assert status == 200, reply
+    assert reply["document"] == expected

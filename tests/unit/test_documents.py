@@ -329,3 +329,46 @@ def test_assemble_needs_one_translation_per_segment() -> None:
         document.assemble(["Eins."])
     assert document.assemble(["Eins.", "Zwei."]) == "Eins.\n\nZwei.\n"
     assert document.line_of(1) == 3
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "segments"),
+    [
+        ("markdown", "\ufeff# Title\n\nText.\n", ("Title", "Text.")),
+        ("markdown", "\ufeff---\ntitle: x\n---\nText.\n", ("Text.",)),
+        ("text", "\ufeffHello.\r\n", ("Hello.",)),
+        ("html", "\ufeff<p>Hello.</p>", ("Hello.",)),
+        ("srt", "\ufeff1\r\n00:00:01,000 --> 00:00:02,000\r\nHello.\r\n", ("Hello.",)),
+    ],
+)
+def test_a_byte_order_mark_stays_literal_before_the_first_block(
+    kind: str, text: str, segments: tuple[str, ...]
+) -> None:
+    document = split(text, kind)
+    assert document.segments == segments and document.pieces[0].startswith("\ufeff")
+    assert document.assemble([s.upper() for s in segments]).startswith("\ufeff")
+
+
+def test_translations_keep_the_line_endings_and_structure_of_their_segments() -> None:
+    markdown = split(
+        "# Title\r\n\r\nOne\r\ntwo.\r\n\r\n| a | b |\n|---|---|\n| c | d |\n", "markdown"
+    )
+    assert markdown.segments == ("Title", "One\r\ntwo.", "a", "b", "c", "d")
+    translated = markdown.assemble(["Ti\ntel", "Eins\nzwei.", "A", "B\r\nb", "C", "D"])
+    assert translated == "# Ti tel\r\n\r\nEins\r\nzwei.\r\n\r\n| A | B b |\n|---|---|\n| C | D |\n"
+    srt = split("1\r\n00:00:01,000 --> 00:00:02,000\r\nHello.\r\n", "srt")
+    assert srt.assemble(["Hallo.\n\n  \nDu."]) == (
+        "1\r\n00:00:01,000 --> 00:00:02,000\r\nHallo.\r\nDu.\r\n"  # no blank line ends the cue
+    )
+    text = split("Eins\nzwei\r\ndrei.\r\n\r\nVier\nfünf.\r\n\r\nSechs.\r\n", "text")
+    assert text.assemble(["One\r\ntwo\nthree.", "Four\r\nfive.", "Six\nseven."]) == (
+        "One\r\ntwo\nthree.\r\n\r\nFour\nfive.\r\n\r\nSix\r\nseven.\r\n"  # mixed: as is
+    )
+
+
+def test_email_addresses_are_never_cut_nor_prose() -> None:
+    document = split("me@example.com\n\nWrite to first.last@example.co.uk. " * 30, "text", 12)
+    assert "me@example.com" not in document.segments
+    for segment in document.segments:
+        assert "@" not in segment or "first.last@example.co.uk" in segment
+    assert split("<i>♪ me@x.org ♪</i>\n", "html").segments == ()
