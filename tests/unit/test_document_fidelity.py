@@ -210,7 +210,7 @@ def assert_nothing_lost(source: str, output: str, kind: str) -> None:
             assert not re.search(r"(?<!!)\[[^\]]*\]\(", label), output
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.data(), st.sampled_from(["text", "markdown", "html", "srt"]), st.randoms())
 def test_a_careless_translator_loses_nothing(
     data: st.DataObject, kind: str, rng: random.Random

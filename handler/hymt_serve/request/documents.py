@@ -10,12 +10,14 @@ then cut into sentences by `sentencex` (Wikimedia's segmenter: ~300 languages th
 fallbacks, linear time, character offsets) and the sentences are grouped back up to the budget.
 A sentence still over it is cut at spaces or CJK clause marks, never inside a word or a
 character; a run with no such place stays whole (the service refuses it with a 413 if its
-prompt is too long). No cut falls inside inline code, a URL or a tag.
+prompt is too long). No cut falls inside inline code, a URL, an e-mail address or a tag.
 
 Inline markup stays inside its segment (the service turns it into ``<sN>`` tags,
 :mod:`hymt_serve.request.markup`); fenced and indented code, front matter, HTML comments and
 ``<script>``/``<style>``/``<pre>`` elements, link definitions and table rules stay literal, and
-so does a would-be segment with no letter outside its code, URLs and tags (numbers, symbols).
+so does a would-be segment with no letter outside its code, URLs, addresses and tags (numbers,
+symbols), and a leading byte-order mark. A translation takes its segment's line endings, and
+cannot break the structure around it (:meth:`Document.assemble`).
 
 The structure of each format is read by :mod:`hymt_serve.request.document_formats`. Those
 parsers and the splitting here are iterative and linear in the document's length: a 1 MB line,

@@ -68,11 +68,13 @@ class _Repair:
     text, tags the source did not have dropped.
 
     Of repeated tags the first whole pair (or stand-in) counts; a pair given close-first wraps
-    the text between. Crossing pairs are nested by closing the outer one later. A lost pair is
-    put back, inside its parent when that came back, around the first of: its source text
-    found again (names, numbers), the span after (before) its surviving half, its stand-ins,
-    the words at the same relative place as in the source; else it is appended with its
-    source text. A lost stand-in goes at the end of its parent, or of the segment."""
+    the text between. Crossing pairs are nested by closing the outer one later. A lost pair
+    (or one left empty) is put back, inside its parent when that came back, around the first
+    of: its source text found again (a name, a number), the words after (before) the half the
+    model kept, its stand-ins, the words at the same relative place as in the source; with no
+    text at all it comes with its source text. A lost stand-in goes between the words at its
+    relative place, spaced as in the source. No link ends up inside a link, and a bare URL or
+    address the model glued to a word gets a space."""
 
     def __init__(self, output: str, markup: Markup):
         self.markup = markup
@@ -91,21 +93,29 @@ class _Repair:
     def text(self) -> str:
         lost = self._select()
         self._nest()
-        lost = sorted(lost + self._empty_pairs(), key=lambda n: not self.markup.closes[n - 1])
-        # Each careful placement walks the tokens and the text: past a budget of such steps
-        # the rest are appended (a segment of thousands of tags, all lost).
+        lost += self._empty_pairs()
+        self._put_back(sorted(lost, key=lambda n: (not self.markup.closes[n - 1], n)))
+        self._unnest_links(rounds=max(8, _WORK // (len(self.tokens) + len(self.markup.plain))))
+        self._trim()
+        return self._render()
+
+    def _put_back(self, lost: list[int]) -> None:
+        """The lost tags placed, pairs (parents first) before stand-ins. Each careful placement
+        walks the tokens and the text: past a budget of such steps (a segment of thousands of
+        tags, all lost) the rest are appended."""
         work, size = 0, len(self.markup.plain) // 8
         for index, number in enumerate(lost):
             work += len(self.tokens) + size
             if work > _WORK:
                 self._append(lost[index:])
-                break
+                return
             if self.markup.closes[number - 1]:
                 self._place(number)
             else:
                 self._place_unit(number)
-        self._unnest_links(rounds=max(8, _WORK // (len(self.tokens) + size)))
-        self._trim()
+
+    def _render(self) -> str:
+        """The tokens as text, each tag as its markup, bare URLs and addresses kept apart."""
         parts = [self._markup_of(token) for token in self.tokens]
         for index, token in enumerate(self.tokens):
             if isinstance(token, _Mark) and token.role == "unit":
