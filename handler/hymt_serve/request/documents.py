@@ -46,6 +46,7 @@ Measure = Callable[[str], int]  # tokens of a text
 _LETTER = re.compile(r"[^\W\d_]")
 _URL = re.compile(r"\b(?:https?|ftp)://[^\s<>]+|" + EMAIL.pattern)
 _BOM = "\ufeff"
+_NEWLINE = re.compile(r"\r?\n")
 _LINE_BREAK = re.compile(r"[ \t]*\r?\n[ \t]*")
 _BLANK_LINES = re.compile(r"(\r?\n)(?:[ \t]*\r?\n)+")
 _TICKS = re.compile(r"`+")
@@ -83,7 +84,7 @@ class Document:
 
 
 def _newline(text: str) -> str | None:
-    """The line ending ``text`` uses throughout ("\r\n" or "\n"); None for none or a mix."""
+    """The line ending ``text`` uses throughout (CRLF or LF); None for none or a mix."""
     lines = text.count("\n")
     if not lines:
         return None
@@ -102,7 +103,7 @@ def _fit(translation: str, segment: str, kind: str, newline: str) -> str:
     ending = _newline(segment) if "\n" in segment else newline
     if ending is None:  # the segment mixes endings: nothing to follow
         return translation
-    return re.sub(r"\r?\n", ending, translation)
+    return _NEWLINE.sub(ending, translation)
 
 
 def split_document(
