@@ -20,6 +20,7 @@ import datetime
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from client import Job, run_closed_loop, send
+from client import Job, drive, run_closed_loop, send, summarise, windows
 from cpu_split import CpuSnapshot, cpu_snapshot, per_request
 from flops import bf16_matmul_rate, flops_per_token, utilisation
 from latency_split import MetricsSnapshot, metrics_snapshot, split
@@ -53,7 +54,7 @@ def build_model(out: Path, tokenizer_dir: Path | None, tiny: bool) -> Path:
     if tiny:
         from hymt_serve.ops.tiny_model import build_tiny_model
 
-        return build_tiny_model(out, tokenizer_dir)
+        return Path(build_tiny_model(out, tokenizer_dir))
     import torch
     from transformers import AutoTokenizer
 
@@ -141,6 +142,23 @@ def length_rule_jobs(
     return jobs
 
 
+# Requests the handler answers 400 (an empty text, a target language it does not know), half each.
+BAD_CHANGES = ({"text": ""}, {"target_lang": "klingon"})
+
+
+def made_bad(job: Job, rng: random.Random, fraction: float) -> Job:
+    """``job``, or with probability ``fraction`` the same made bad on purpose (one of
+    ``BAD_CHANGES``, expecting 400). A fraction of 0 draws nothing: the good jobs are those of
+    a run without bad ones."""
+    if fraction <= 0:
+        return job
+    draw = rng.random()
+    if draw >= fraction:
+        return job
+    change = BAD_CHANGES[0] if draw < fraction / 2 else BAD_CHANGES[1]
+    return job._replace(body={**job.body, **change}, output_tokens=0, expected_status=400)
+
+
 class GpuSampler:
     """nvidia-smi utilisation and memory every half second, averaged per window over the GPUs
     in use (those holding more than 1 GB: TorchServe may give a one-worker run any GPU)."""
@@ -224,12 +242,89 @@ def measure_levels(
     return rows
 
 
+SOAK_GRACE_S = 10.0  # the load goes on past the last window until that window's probe is taken
+SOAK_MARGIN_S = 30.0 + SOAK_GRACE_S  # after the windows: the grace, the last requests, stopping
+
+
+def soak_levels(
+    labels: dict[str, Any],
+    make_job: Callable[[random.Random], Job],
+    args: Any,
+    sampler: GpuSampler,
+    probe: Callable[[], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Each user count of ``args.users`` as one long level, reported per ``args.window`` s:
+    good requests/s, p50, p99, unexpected and expected errors of the requests that ended in
+    the window, and ``probe()`` (the front end's state: :func:`frontend_state`) taken at the
+    window's end, before the level and after its last requests. The level lasts
+    ``args.duration`` s in whole windows, fewer where ``args.soak_end_by`` (Unix time) comes
+    first. Each level's row (the level's totals, ``windows``, ``before``, ``after``) is printed
+    and saved to results.json as soon as it ends."""
+    rows = []
+    for users in args.users:
+        count = _windows_that_fit(args)
+        before = probe()
+        start = time.monotonic()
+        probes: list[dict[str, Any]] = []
+        ticker = threading.Thread(
+            target=_tick, args=(probe, start, args.window, count, probes), daemon=True
+        )
+        ticker.start()
+        outcome = drive(
+            make_job, users, count * args.window + SOAK_GRACE_S, timeout=args.request_timeout,
+            processes=args.client_processes, keep_alive=args.keep_alive,
+        )  # fmt: skip
+        elapsed = time.monotonic() - start
+        ticker.join()
+        row = {**summarise(outcome, users, elapsed), **labels, "window_s": args.window}
+        row.update(client_processes=args.client_processes, keep_alive=args.keep_alive)
+        per = windows(outcome.finished, start, args.window, count)
+        for index, (window, state) in enumerate(zip(per, probes, strict=True)):
+            window.update(
+                state,
+                **sampler.window(start + index * args.window, start + (index + 1) * args.window),
+            )
+        row.update(windows=per, before=before, after=probe())
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    return rows
+
+
+def _windows_that_fit(args: Any) -> int:
+    count = int(args.duration // args.window)
+    if args.soak_end_by:
+        left = args.soak_end_by - time.time() - SOAK_MARGIN_S
+        count = min(count, int(left // args.window))
+    if count < 1:
+        raise SystemExit(f"no {args.window} s window fits before --soak-end-by")
+    return count
+
+
+def _tick(
+    probe: Callable[[], dict[str, Any]],
+    start: float,
+    window: float,
+    count: int,
+    probes: list[dict[str, Any]],
+) -> None:
+    """``probe()`` at the end of each of ``count`` windows from ``start``, printed as it
+    comes (a run cut short still shows the heap it had)."""
+    for index in range(1, count + 1):
+        time.sleep(max(0.0, start + index * window - time.monotonic()))
+        state = probe()
+        state["probed_at_s"] = round(time.monotonic() - start, 1)
+        probes.append(state)
+        print(json.dumps({"window": index, **state}), flush=True)
+
+
 def _read(metrics: MetricsSnapshot | None) -> dict[str, float] | None:
     """The metrics' sums now; None without a metrics port or when it does not answer."""
     if metrics is None:
         return None
     try:
-        return metrics()
+        return dict(metrics())
     except OSError as error:
         print(json.dumps({"metrics_unreadable": f"{type(error).__name__}: {error}"}), flush=True)
         return None
@@ -238,7 +333,8 @@ def _read(metrics: MetricsSnapshot | None) -> dict[str, float] | None:
 def wait_first_success(job: Job, started: float, timeout: float = 300) -> float:
     """Seconds from ``started`` until the first successful translation."""
     while time.monotonic() - started < timeout:
-        if send(job, 60)[1] is None:
+        reply = send(job, 60)
+        if reply.error is None and not reply.expected_error:
             return round(time.monotonic() - started, 1)
         time.sleep(0.5)
     raise RuntimeError(f"no successful translation within {timeout} s")
@@ -310,7 +406,7 @@ def bench_torchserve(
         wait_ready(server, [MODEL], timeout=900)
         url = f"{server.inference_url()}/predictions/{MODEL}"
 
-        def make_job(rng: random.Random) -> Job:
+        def good_job(rng: random.Random) -> Job:
             row, n = rng.choice(jobs)
             body = {
                 "text": row["text"],
@@ -318,9 +414,12 @@ def bench_torchserve(
                 "target_lang": row["target_lang"],
                 "max_new_tokens": n,
             }
-            return url, body, server.headers("inference"), n
+            return Job(url, body, server.headers("inference"), n)
 
-        cold = wait_first_success(make_job(random.Random(0)), started)
+        def make_job(rng: random.Random) -> Job:
+            return made_bad(good_job(rng), rng, args.bad_fraction)
+
+        cold = wait_first_success(good_job(random.Random(0)), started)
         print(json.dumps({"cold_start": _cold_name(mode, gpus), "seconds": cold}), flush=True)
         labels = {"system": "torchserve", "mode": mode, "gpus": gpus}
         pid = server.pid()
@@ -332,11 +431,17 @@ def bench_torchserve(
                 log_excerpt(server.log_dir, 200) + "\n"
             )
 
-        rows = measure_levels(
-            labels, make_job, args.users, args.duration, sampler, args.client_processes, cpu,
-            timeout=args.request_timeout, metrics=metrics_snapshot(server.metrics_url()),
-            keep_alive=args.keep_alive, on_errors=save_log,
-        )  # fmt: skip
+        if args.window:
+            rows = soak_levels(labels, make_job, args, sampler, lambda: frontend_state(server))
+            if any(row["errors"] for row in rows):
+                save_log()
+        else:
+            rows = measure_levels(
+                labels, make_job, args.users, args.duration, sampler, args.client_processes,
+                cpu, timeout=args.request_timeout,
+                metrics=metrics_snapshot(server.metrics_url()), keep_alive=args.keep_alive,
+                on_errors=save_log,
+            )  # fmt: skip
         (work / f"describe-{mode}-{gpus}.json").write_text(describe(server))
         save_server_state(server, args.out, f"{mode}-{gpus}")
         return rows, cold
@@ -365,6 +470,57 @@ def save_server_state(server: Any, out: Path, name: str) -> None:
         except OSError as exc:  # urllib's errors are OSErrors
             text = f"unreadable: {exc}\n"
         (out / file).write_text(text)
+
+
+def frontend_state(server: Any) -> dict[str, Any]:
+    """TorchServe's front end now: its JVM's heap after a full GC (:func:`java_heap`) and the
+    front-end plugin's counts (guarded, in_backend, forgotten, late_replies, worker_died). A
+    part that cannot be read is given as its error."""
+    from hymt_serve.ops.frontend_guard import URL_PATTERN
+
+    state: dict[str, Any] = {}
+    try:
+        state.update(java_heap(server.pid()))
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        state["heap_error"] = f"{type(exc).__name__}: {exc}"
+    try:
+        state.update(json.loads(_get(f"{server.management_url()}/{URL_PATTERN}", server)))
+    except (OSError, ValueError) as exc:
+        state["guard_error"] = f"{type(exc).__name__}: {exc}"
+    return state
+
+
+HEAP_LINE = re.compile(r"total (?:reserved \d+K, committed )?(\d+)K, used (\d+)K")
+
+
+def java_heap(pid: int | None) -> dict[str, Any]:
+    """``jcmd`` (beside the java that runs ``pid``): ``GC.class_histogram`` forces a full GC
+    and lists the live objects: their total (the live heap) and the ``RestJob`` objects (one
+    per HTTP request the front end holds); then ``GC.heap_info``: the heap's used and
+    committed sizes after that GC (summed over its generations)."""
+    if pid is None:
+        raise OSError("TorchServe is not running")
+    jcmd = Path(os.readlink(f"/proc/{pid}/exe")).parent / "jcmd"
+    began = time.monotonic()
+    state = {"live_heap_mib": 0.0, "restjob_objects": 0}
+    for words in (line.split() for line in _jcmd(jcmd, pid, "GC.class_histogram")):
+        if len(words) >= 4 and words[3] == "org.pytorch.serve.job.RestJob":
+            state["restjob_objects"] = int(words[1])
+        elif words[:1] == ["Total"]:
+            state["live_heap_mib"] = round(int(words[2]) / 2**20, 2)
+    sizes = [HEAP_LINE.search(line) for line in _jcmd(jcmd, pid, "GC.heap_info")]
+    found = [m for m in sizes if m is not None]
+    state["heap_used_mib"] = round(sum(int(m[2]) for m in found) / 1024, 1)
+    state["heap_committed_mib"] = round(sum(int(m[1]) for m in found) / 1024, 1)
+    state["jcmd_s"] = round(time.monotonic() - began, 2)
+    return state
+
+
+def _jcmd(jcmd: Path, pid: int, command: str) -> list[str]:
+    done = subprocess.run(
+        [str(jcmd), str(pid), command], capture_output=True, text=True, timeout=120, check=True
+    )
+    return done.stdout.splitlines()
 
 
 def _get(url: str, server: Any) -> str:
@@ -400,7 +556,7 @@ def bench_naive(
             "tgt_lang": row["target_lang"],
             "max_new_tokens": n,
         }
-        return url, body, {}, n
+        return Job(url, body, {}, n)
 
     try:
         cold = wait_first_success(make_job(random.Random(0)), started)
@@ -505,6 +661,110 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> None:
     fig.savefig(out / "serving.png", dpi=110)
 
 
+SOAK_COLUMNS = {  # table heading: a window's key
+    "window": "window",
+    "end s": "end_s",
+    "req/s": "requests_per_s",
+    "p50 ms": "p50_ms",
+    "p99 ms": "p99_ms",
+    "unexpected errors": "errors",
+    "400s": "expected_errors",
+    "live heap MiB": "live_heap_mib",
+    "heap used MiB": "heap_used_mib",
+    "RestJob": "restjob_objects",
+    "in_backend": "in_backend",
+    "forgotten": "forgotten",
+    "GPU %": "gpu_util_pct",
+}
+
+
+def write_soak_report(out: Path, result: dict[str, Any]) -> None:
+    """results.json; per soak level a table of its windows (soak.md, soak.csv: the front end
+    before the level and after its last requests as rows of their own) with the first and last
+    windows' ratios, and soak.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    texts, lines = [], [",".join(["mode", "users", *SOAK_COLUMNS])]
+    for row in result["rows"]:
+        table = [{**row["before"], "window": "before"}, *row["windows"]]
+        table.append({**row["after"], "window": "after"})
+        cells = [[_cell(window.get(key)) for key in SOAK_COLUMNS.values()] for window in table]
+        lines += [",".join([row["mode"], str(row["users"]), *line]) for line in cells]
+        head = "| " + " | ".join(SOAK_COLUMNS) + " |\n|" + " ---: |" * len(SOAK_COLUMNS)
+        body = "\n".join("| " + " | ".join(line) + " |" for line in cells)
+        texts.append(
+            f"## {row['mode']}, {row['users']} users, {len(row['windows'])} windows of "
+            f"{row['window_s']:g} s\n\n{head}\n{body}\n\n{soak_summary(row)}\n"
+        )
+    (out / "soak.csv").write_text("\n".join(lines) + "\n")
+    (out / "soak.md").write_text(
+        f"# Soak: {result['gpu']}, {result['date']}\n\n`{result['command']}`\n\n"
+        f"{result['note']}\n\n" + "\n".join(texts)
+    )
+    plot_soak(out, result["rows"])
+
+
+def _cell(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def soak_summary(row: dict[str, Any]) -> str:
+    """The level's totals and its last window over its first."""
+    first, last = row["windows"][0], row["windows"][-1]
+
+    def ratio(key: str) -> str:
+        a, b = first.get(key), last.get(key)
+        return (
+            f"{b / a:.3f}"
+            if isinstance(a, int | float) and isinstance(b, int | float) and a
+            else "n/a"
+        )
+
+    heaps = [w["live_heap_mib"] for w in row["windows"] if "live_heap_mib" in w]
+    spread = f"{min(heaps)}-{max(heaps)} MiB" if heaps else "not read"
+    return (
+        f"Whole level: {row['requests']} good requests ({row['requests_per_s']} /s), "
+        f"p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, {row['errors']} unexpected errors, "
+        f"{row['expected_errors']} expected 400s. Last window / first: req/s "
+        f"{ratio('requests_per_s')}, p50 {ratio('p50_ms')}, p99 {ratio('p99_ms')}, live heap "
+        f"{ratio('live_heap_mib')} (windows' live heap {spread}). Unexpected errors: "
+        f"{row['error_samples'] or 'none'}."
+    )
+
+
+def plot_soak(out: Path, rows: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rate, latency, heap) = plt.subplots(3, 1, figsize=(9, 10), sharex=True)
+    for index, row in enumerate(rows):
+        color, name = f"C{index}", f"{row['mode']}, {row['users']} users"
+        minutes = [w["end_s"] / 60 for w in row["windows"]]
+        rate.plot(minutes, [w["requests_per_s"] for w in row["windows"]], "o-", color=color,
+                  label=name)  # fmt: skip
+        latency.plot(minutes, [w["p50_ms"] for w in row["windows"]], "o-", color=color,
+                     label=f"{name} p50")  # fmt: skip
+        latency.plot(minutes, [w["p99_ms"] for w in row["windows"]], "o:", color=color,
+                     alpha=0.6, label=f"{name} p99")  # fmt: skip
+        heap.plot(minutes, [w.get("live_heap_mib") for w in row["windows"]], "o-", color=color,
+                  label=f"{name} live heap")  # fmt: skip
+        heap.plot(minutes, [w.get("in_backend") for w in row["windows"]], "x--", color=color,
+                  alpha=0.6, label=f"{name} in_backend (requests)")  # fmt: skip
+    rate.set_ylabel("good requests/s")
+    latency.set_ylabel("latency of good requests, ms")
+    heap.set_ylabel("front end: live heap MiB / in_backend")
+    heap.set_xlabel("minutes (window ends)")
+    for axis in (rate, latency, heap):
+        axis.set_ylim(bottom=0)
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=7, loc="lower right")
+    fig.suptitle("TorchServe under a long level with bad requests: per window")
+    fig.tight_layout()
+    fig.savefig(out / "soak.png", dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
@@ -575,6 +835,28 @@ def main() -> None:
         help="the load test's sentence mix, or inputs of 500-1,000 tokens made from it",
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/hymt-serving-work"))
+    parser.add_argument(
+        "--bad-fraction",
+        type=float,
+        default=0.0,
+        help="each request is, with this probability, one the handler answers 400 (an empty "
+        "text or an unknown target language, half each): counted apart as expected errors",
+    )
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=0.0,
+        help="soak: each user count is one level of --duration s, reported per window of this "
+        "many seconds with TorchServe's live heap after a full GC (jcmd) and the front-end "
+        "plugin's counts at each window's end (soak.md, soak.csv, soak.png; no results.md)",
+    )
+    parser.add_argument(
+        "--soak-end-by",
+        type=float,
+        default=0.0,
+        help="Unix time by which a soak level must be over: it keeps only the windows that end "
+        f"{SOAK_MARGIN_S:g} s before it (a device call's time limit)",
+    )
     args = parser.parse_args()
     from hymt_serve.ops.tiny_model import default_tokenizer_dir
 
@@ -583,7 +865,7 @@ def main() -> None:
     jobs = sentence_jobs(model_dir, cap, args.source_tokens, args.workload)
     print(json.dumps({"segments": len(jobs)}), flush=True)
     flops = flops_per_token(json.loads((model_dir / "config.json").read_text()))
-    rate = None if args.tiny else bf16_matmul_rate()
+    rate = None if args.tiny or args.window else bf16_matmul_rate()  # no MFU in a soak
     print(json.dumps({"model_flops_per_token": flops, "bf16_matmul_flops": rate}), flush=True)
     sampler = GpuSampler()
     work = args.work
@@ -605,7 +887,7 @@ def main() -> None:
         model_flops_per_token=flops,
         bf16_matmul_tflops=None if rate is None else round(rate / 1e12, 1),
     )
-    write_report(args.out, result)
+    (write_soak_report if args.window else write_report)(args.out, result)
 
 
 def _cold_name(mode: str, gpus: int) -> str:
@@ -645,9 +927,32 @@ def report(
             "slots; +unshared: one worker with its own engine child, +sharedK: K workers, "
             f"+rowsN: N slots); mode batch: one worker per GPU, TorchServe batching, "
             f"batchSize {args.batch_size}, "
-            f"maxBatchDelay {args.batch_delay} ms, the fast engine per batch."
+            f"maxBatchDelay {args.batch_delay} ms, the fast engine per batch." + _soak_note(args)
         ),
+        "bad_fraction": args.bad_fraction,
+        "window_s": args.window,
     }
+
+
+def _soak_note(args: Any) -> str:
+    text = ""
+    if args.bad_fraction:
+        text += (
+            f" Bad requests: each request with probability {args.bad_fraction:g} (half an empty"
+            " text, half an unknown target language), which the handler answers 400: counted"
+            " as expected errors, apart; requests/s and latencies count good requests only, and"
+            " an unexpected error is any other failure (another status, a timeout, a reset)."
+        )
+    if args.window:
+        text += (
+            f" Soak: one level per user count, in windows of {args.window:g} s (a request"
+            " counts in the window it ended in; those still running at the end in none); at"
+            " each window's end TorchServe's front end: a full GC and its live heap (jcmd"
+            " GC.class_histogram: the live objects' total and RestJob objects, then"
+            " GC.heap_info: used), and the front-end plugin's counts (GET"
+            " /hymt-frontend-guard)."
+        )
+    return text
 
 
 def _gpu_name() -> str:

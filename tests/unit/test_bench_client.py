@@ -6,6 +6,7 @@ requests on one connection and opens a new one when the server closes it."""
 from __future__ import annotations
 
 import json
+import random
 import socket
 import sys
 import threading
@@ -18,8 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "loadtest/serving"))
-from client import KeptAlive, run_closed_loop  # noqa: E402
-from run_bench import GpuSampler, measure_levels  # noqa: E402
+from client import EXPECTED, GOOD, UNEXPECTED, Job, KeptAlive, Reply, run_closed_loop, windows  # noqa: E402
+from run_bench import BAD_CHANGES, GpuSampler, made_bad, measure_levels  # noqa: E402
 
 
 def silent_server() -> tuple[socket.socket, str, list[socket.socket]]:
@@ -51,7 +52,7 @@ def test_an_unanswered_request_is_an_error_after_the_timeout() -> None:
     try:
         started = time.monotonic()
         stats = run_closed_loop(
-            lambda rng: (url, {"text": "hello"}, {}, 3), users=2, duration_s=0.2, timeout=0.5
+            lambda rng: Job(url, {"text": "hello"}, {}, 3), users=2, duration_s=0.2, timeout=0.5
         )
         elapsed = time.monotonic() - started
     finally:
@@ -73,7 +74,7 @@ def test_a_level_with_errors_saves_before_its_row_is_printed(
     sampler.samples = []
     try:
         rows = measure_levels(
-            {"system": "test"}, lambda rng: (url, {"text": "hello"}, {}, 3), [1], 0.2, sampler,
+            {"system": "test"}, lambda rng: Job(url, {"text": "hello"}, {}, 3), [1], 0.2, sampler,
             timeout=0.3, on_errors=lambda: printed_before.append(capsys.readouterr().out),
         )  # fmt: skip
     finally:
@@ -94,9 +95,10 @@ class _Translate(BaseHTTPRequestHandler):
         type(self).connections.append(1)
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        status = 200 if request.get("text") else 400  # as the handler answers an empty text
         body = json.dumps({"translation": "x", "usage": {"output_tokens": 3}}).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         if self.close_each:
@@ -123,10 +125,63 @@ def test_a_kept_alive_user_reuses_its_connection_and_survives_closes(
     url = f"http://127.0.0.1:{server.server_address[1]}/predictions/hunyuan-mt"
     kept = KeptAlive()
     try:
-        results = [kept.send((url, {"text": "hello"}, {}, 3), timeout=5) for _ in range(4)]
+        results = [kept.send(Job(url, {"text": "hello"}, {}, 3), timeout=5) for _ in range(4)]
     finally:
         kept.close()
         server.shutdown()
         server.server_close()
-    assert results == [((3, 0), None)] * 4
+    assert results == [Reply(tokens=(3, 0))] * 4
     assert len(handler.connections) == (4 if close_each or drop_each else 1)
+
+
+@pytest.mark.parametrize("keep_alive", [False, True])
+def test_a_bad_request_s_400_is_expected_and_anything_else_is_an_error(keep_alive: bool) -> None:
+    """A job bad on purpose that gets its 400 is an expected error, counted apart from the good
+    requests and from the errors; a 400 to a good job, or a 200 to a bad one, is an error."""
+    handler = type("Handler", (_Translate,), {"connections": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/predictions/hunyuan-mt"
+    bodies = [({"text": "hello"}, 200), ({"text": ""}, 400), ({"text": ""}, 200),
+              ({"text": "hello"}, 400)]  # fmt: skip
+
+    def make_job(rng: random.Random) -> Job:
+        body, expected = bodies[rng.randrange(len(bodies))]
+        return Job(url, body, {}, 3, expected_status=expected)
+
+    try:
+        stats = run_closed_loop(make_job, users=2, duration_s=0.5, timeout=5, keep_alive=keep_alive)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert stats["requests"] > 0 and stats["expected_errors"] > 0 and stats["errors"] > 0
+    samples = " ".join(stats["error_samples"])
+    assert "HTTP 400:" in samples or "HTTP 200 (400 expected)" in samples
+
+
+def test_made_bad_turns_about_the_fraction_into_400s_half_of_each_kind() -> None:
+    good = Job("u", {"text": "hello", "target_lang": "fr"}, {}, 7)
+    rng = random.Random(1)
+    made = [made_bad(good, rng, 0.1) for _ in range(20_000)]
+    bad = [job for job in made if job.expected_status == 400]
+    assert 1_800 < len(bad) < 2_200
+    empty = sum(job.body["text"] == "" for job in bad)
+    assert 0.4 < empty / len(bad) < 0.6
+    assert all(job.body == {**good.body, **BAD_CHANGES[job.body["text"] != ""]} for job in bad)
+    assert all(job.output_tokens == 0 for job in bad)
+    assert all(job is good for job in made if job.expected_status == 200)
+    untouched = random.Random(1)
+    assert (
+        made_bad(good, untouched, 0.0) is good and untouched.random() == random.Random(1).random()
+    )
+
+
+def test_windows_count_each_request_where_it_ended() -> None:
+    finished = [(100.5, 10.0, GOOD), (100.9, 30.0, GOOD), (101.2, 20.0, GOOD),
+                (101.5, 1.0, EXPECTED), (101.6, 2.0, UNEXPECTED), (99.0, 5.0, GOOD),
+                (102.0, 40.0, GOOD)]  # fmt: skip
+    rows = windows(finished, start=100.0, window_s=1.0, count=2)
+    assert [r["requests"] for r in rows] == [2, 1]  # before the start and after the end: none
+    assert rows[0]["requests_per_s"] == 2.0 and rows[0]["p50_ms"] == 10.0
+    assert rows[0]["p99_ms"] == 30.0 and rows[0]["errors"] == 0
+    assert (rows[1]["errors"], rows[1]["expected_errors"], rows[1]["end_s"]) == (1, 1, 2.0)
