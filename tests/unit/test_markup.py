@@ -52,6 +52,9 @@ def test_lost_and_invented_tags() -> None:
     # s1 whole, s2 (a stand-in) gone, s3 half, s9 invented.
     restored, lost = restore("<s1>B</s1> <s3>D <s9>x</s9>", markup)
     assert restored == "**B** D x" and lost == 2
+    # as a reply puts them back: nothing of the source's markup is lost, nothing invented
+    restored, lost = restore("<s1>B</s1> <s3>D <s9>x</s9>", markup, keep_lost=True)
+    assert restored == "**B** *`c` D* x" and lost == 2
 
 
 def test_text_with_tags_must_say_tags() -> None:

@@ -9,10 +9,9 @@ go, and the original opening and closing markup replaces them. Markup with no te
 to translate (inline code, an autolink, a bare URL or e-mail address, ``<br>``, ``<img>``, an
 HTML comment, a ``<code>``/``<pre>``/``<script>``/``<style>`` element with its content, an
 unpaired tag) becomes an empty ``<sN></sN>`` that stands for the original text, untranslated.
-:func:`restore` counts the tags the model lost (or kept only half of); for texts their markup
-is dropped, while a document's (``keep_lost``) is put back: the output is repaired so that every
-tag comes back once, well nested, around the best span it can find
-(:mod:`hymt_serve.request.markup_repair`).
+:func:`restore` counts the tags the model lost (or kept only half of); with ``keep_lost`` (every
+reply, text or document) they are put back: the output is repaired so that every tag comes back
+once, well nested, around the best span it can find (:mod:`hymt_serve.request.markup_repair`).
 
 Inline markup only: block structure (headings, lists, tables) is the documents feature's job.
 """

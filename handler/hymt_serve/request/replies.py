@@ -42,9 +42,7 @@ def render_response(
         if template == "formatted":
             item["text"] = unwrap_target(result.text)
         if markup is not None and (markup.opens or template == "formatted"):
-            item["text"], item["format_tags_lost"] = restore(
-                item["text"], markup, keep_lost=document is not None
-            )
+            item["text"], item["format_tags_lost"] = restore(item["text"], markup, keep_lost=True)
         if request.features.candidates:
             item["candidates"] = list(request.features.candidates[index])
         items.append(item)
