@@ -182,7 +182,48 @@ def test_a_huge_libretranslate_request_is_sent_a_window_at_a_time(
     answer = client.post("/translate", json=libre)
     assert answer.status_code == 200
     assert answer.get_json()["translatedText"] == [t.upper() for t in texts]
-    assert route.calls == 2000 // 16 and route.most <= fairness.WINDOW
+    assert route.calls == 2000 // fairness.BULK_CHUNK and route.most <= fairness.BULK_ALONE
+
+
+def test_a_huge_request_sends_one_chunk_at_a_time_while_others_translate(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys
+) -> None:
+    """Users' single texts beside a 400-text request: while any user's call is in flight, at
+    most one chunk of the huge request is (the batch stays theirs)."""
+    seen = {"users": 0, "bulk": 0, "bulk_beside_users": 0}
+    lock = threading.Lock()
+
+    def route(request: Request) -> Response:
+        texts = json.loads(request.get_data())["text"]
+        kind = "bulk" if len(texts) > 1 else "users"
+        with lock:
+            seen[kind] += 1
+            if seen["users"]:
+                seen["bulk_beside_users"] = max(seen["bulk_beside_users"], seen["bulk"])
+        time.sleep(0.005)
+        with lock:
+            seen[kind] -= 1
+        body = {"translations": [{"text": t} for t in texts]}
+        return Response(json.dumps(body), content_type="application/json")
+
+    upstream.replies[PREDICTIONS] = route
+    client = _app(upstream, tmp_path, keys)
+    base = {"source": "en", "target": "de", "api_key": keys.keys[0].key}
+    done = threading.Event()
+
+    def user() -> None:
+        while not done.is_set():
+            assert client.post("/translate", json={**base, "q": "a"}).status_code == 200
+
+    users = [threading.Thread(target=user) for _ in range(4)]
+    for thread in users:
+        thread.start()
+    huge = client.post("/translate", json={**base, "q": ["b"] * 400})
+    done.set()
+    for thread in users:
+        thread.join()
+    assert huge.status_code == 200 and len(huge.get_json()["translatedText"]) == 400
+    assert seen["bulk_beside_users"] == fairness.BULK_SHARED
 
 
 def test_the_front_end_never_fills_torchserves_queue(

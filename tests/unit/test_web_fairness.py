@@ -20,10 +20,14 @@ class Recorder:
         self.answer = answer or (lambda body: (200, {"echo": body["i"]}))
         self.delay = delay
         self.in_flight = self.most = self.calls = 0
+        self.bulk: list[bool] = []
         self.lock = threading.Lock()
 
-    def __call__(self, model: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def __call__(
+        self, model: str, body: dict[str, Any], *, bulk: bool = False
+    ) -> tuple[int, dict[str, Any]]:
         with self.lock:
+            self.bulk.append(bulk)
             self.calls += 1
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
@@ -39,6 +43,10 @@ def test_fan_out_keeps_order_and_at_most_a_window_in_flight() -> None:
     answers = fan_out(post, "m", bodies, window=3)
     assert [answer[1]["echo"] for answer in answers] == list(range(40))
     assert post.most == 3
+    assert all(post.bulk)  # several chunks: bulk calls
+    fan_out(post, "m", [{"i": 0}])
+    fan_out(post, "m", [{"i": 0}, {"i": 1}], bulk=False)
+    assert post.bulk[40:] == [False, False, False]
 
 
 def test_fan_out_stops_sending_after_the_first_error() -> None:
@@ -76,7 +84,9 @@ def test_upstream_slots_are_three_quarters_of_the_queue_and_never_exceeded() -> 
     assert upstream.limit == 6
     post = Recorder(delay=0.02)
 
-    def through_upstream(model: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def through_upstream(
+        model: str, body: dict[str, Any], *, bulk: bool = False
+    ) -> tuple[int, dict[str, Any]]:
         with upstream.slot():
             return post(model, body)
 
@@ -90,7 +100,32 @@ def test_upstream_slots_are_three_quarters_of_the_queue_and_never_exceeded() -> 
     for thread in threads:
         thread.join()
     assert post.calls == 60 and post.most == 6
-    assert upstream.counts() == {"in_flight": 0, "waiting": 0, "limit": 6}
+    assert upstream.counts() == {"in_flight": 0, "bulk": 0, "waiting": 0, "limit": 6}
+
+
+def test_bulk_calls_go_one_at_a_time_while_others_are_in_flight() -> None:
+    upstream = Upstream(lambda: 100, wait_s=5)
+    alone = [threading.Thread(target=upstream.acquire, args=(True,)) for _ in range(20)]
+    for thread in alone:
+        thread.start()
+    time.sleep(0.1)
+    assert upstream.counts()["bulk"] == fairness.BULK_ALONE  # an idle server: up to 8
+    upstream.acquire()  # another client's call
+    for _ in range(fairness.BULK_ALONE):
+        upstream.release(True)
+    time.sleep(0.1)
+    assert upstream.counts()["bulk"] == fairness.BULK_SHARED  # now one at a time
+    upstream.release()  # the other call ends: bulk fills up again once it stays quiet
+    time.sleep(0.1)
+    assert upstream.counts()["bulk"] == fairness.BULK_SHARED
+    time.sleep(fairness.QUIET_S + 0.2)
+    assert upstream.counts()["bulk"] == fairness.BULK_ALONE
+    while upstream.counts()["in_flight"]:
+        upstream.release(True)
+        time.sleep(0.01)
+    for thread in alone:
+        thread.join()
+    assert upstream.counts() == {"in_flight": 0, "bulk": 0, "waiting": 0, "limit": 75}
 
 
 def test_upstream_answers_busy_when_no_slot_comes_in_time() -> None:

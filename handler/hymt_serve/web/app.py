@@ -32,7 +32,7 @@ from hymt_serve.ops.launcher import KeyFileUnavailable, Server, describe_model, 
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.web.compat import add_compat_routes
 from hymt_serve.web.deepl_documents import DocumentJobs, add_document_routes
-from hymt_serve.web.fairness import Busy, KeyLimits, Post, Upstream
+from hymt_serve.web.fairness import Answer, Busy, KeyLimits, Post, Upstream
 from hymt_serve.web.keys import ClientKey, ClientKeys, bearer
 from hymt_serve.web.oip_routes import add_oip_routes
 from hymt_serve.web.refine import refine
@@ -255,17 +255,17 @@ def _forward(server: Server, upstream: Upstream, url: str, payload: dict[str, An
     """POST ``payload`` to ``url`` with the inference key, holding an upstream slot (until
     the end of a streamed answer); the answer as a Flask response."""
     streaming = payload.get("stream") is True
-    upstream.acquire()
+    bulk = isinstance(payload.get("document"), str)  # a document is bulk work (fairness)
+    upstream.acquire(bulk)
     try:
         answer = _post_upstream(server, url, payload, streaming)
     except (requests.RequestException, KeyFileUnavailable):
-        upstream.release()
+        upstream.release(bulk)
         return _response(UNREACHABLE, 502)
     if streaming and answer.ok:
-        return Response(
-            _relay(answer, upstream.release), status=answer.status_code, mimetype=NDJSON
-        )
-    upstream.release()
+        done = functools.partial(upstream.release, bulk)
+        return Response(_relay(answer, done), status=answer.status_code, mimetype=NDJSON)
+    upstream.release(bulk)
     return _answer(answer)
 
 
@@ -333,22 +333,22 @@ def _poster(server: Server, upstream: Upstream) -> Post:
     """A call of one model's predictions (not streamed) that answers (status, JSON object),
     holding an upstream slot (raises Busy when none comes)."""
 
-    def post(model: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def post(model: str, body: dict[str, Any], *, bulk: bool = False) -> Answer:
         url = f"{server.inference_url()}/predictions/{model}"
         try:
-            with upstream.slot():
-                answer = _post_upstream(server, url, payload)
+            with upstream.slot(bulk):
+                answer = _post_upstream(server, url, body)
         except (requests.RequestException, KeyFileUnavailable):
             return 502, UNREACHABLE
         if not answer.ok:
             return answer.status_code, _error_body(answer)
         try:
-            body = answer.json()
+            reply = answer.json()
         except ValueError:
-            body = None
-        if not isinstance(body, dict):
+            reply = None
+        if not isinstance(reply, dict):
             return 502, {"error": f"{model} answered no JSON object", "error_type": "server_error"}
-        return 200, body
+        return 200, reply
 
     return post
 

@@ -23,7 +23,7 @@ from typing import Any
 from flask import Flask, Response, jsonify, request
 
 from hymt_serve.request.languages import LANGUAGES, Language, lookup
-from hymt_serve.web.fairness import RETRY_AFTER_S, Busy, KeyLimits, Post, fan_out
+from hymt_serve.web.fairness import BULK_CHUNK, RETRY_AFTER_S, Busy, KeyLimits, Post, fan_out
 from hymt_serve.web.keys import ClientKey, ClientKeys
 
 # LibreTranslate's code for traditional Chinese.
@@ -287,8 +287,10 @@ def _deepl_language_list(kind: str) -> list[dict[str, Any]]:
 def _translate(
     post: Post, model: str, texts: Sequence[str], fields: dict[str, Any], max_texts: int
 ) -> list[str]:
-    """The translations of ``texts`` from our API, in requests of at most ``max_texts``."""
-    chunks = [list(texts[i : i + max_texts]) for i in range(0, len(texts), max_texts)]
+    """The translations of ``texts`` from our API: one request of at most ``max_texts``, or
+    bulk chunks of at most ``BULK_CHUNK`` (:mod:`.fairness`)."""
+    size = max_texts if len(texts) <= max_texts else min(max_texts, BULK_CHUNK)
+    chunks = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
     bodies = [{**fields, "text": chunk, "stream": False} for chunk in chunks]
     out: list[str] = []
     for status, answer in fan_out(post, model, bodies):

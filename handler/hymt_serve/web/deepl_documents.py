@@ -119,7 +119,7 @@ class DocumentJobs:
         """Translate on a pool thread; the status is set last, after what it announces."""
         job.status = "translating"
         try:
-            status, answer = self._post(self._model, body)
+            status, answer = self._post(self._model, body, bulk=True)  # a document is bulk work
         except Busy as busy:
             status, answer = busy.status, busy.body()
         except Exception as error:  # a job must end, whatever happened

@@ -1,16 +1,21 @@
 """Fair sharing of TorchServe among the front end's clients.
 
-TorchServe answers 503 as soon as a model's job queue is full, to everyone alike. So the front
-end never lets its own calls fill it, and never lets one client take all of it:
+TorchServe answers 503 as soon as a model's job queue is full, to everyone alike, and a batch
+holding one client's hundreds of texts makes every other request in it wait. So the front end
+never lets its own calls fill the queue, and never lets one client take the server:
 
 - ``Upstream``: every call this front end makes to TorchServe holds one of a fixed number of
   slots, sized from the model's job queue (``UPSTREAM_SHARE`` of it, the rest left to other
   callers). A call that finds none free waits for one, up to ``wait_s``; then 503 with
   ``Retry-After`` (never TorchServe's own "no worker" text, which is wrong advice here).
-- ``fan_out``: a request with more texts than TorchServe takes at once (a LibreTranslate or
-  DeepL list) is sent in chunks, at most ``window`` of them in flight: a huge request takes
-  longer instead of taking the queue. A chunk that TorchServe refuses as busy is sent again
-  (``BUSY_RETRIES`` times, backing off): the request goes on when others made room.
+- Bulk: a request with more texts than one call takes (a LibreTranslate or DeepL list) is sent
+  by ``fan_out`` in chunks of at most ``BULK_CHUNK`` texts, its calls marked bulk. Bulk calls
+  have a gate of their own in ``Upstream``: up to ``BULK_ALONE`` of them in flight once no
+  other call has been for ``QUIET_S``, and ``BULK_SHARED`` (one) while others come. A
+  huge request runs at the server's pace on an idle server and takes longer on a busy one; it
+  never takes the batch from others. Each request also has at most ``window`` chunks in flight,
+  and a chunk that TorchServe refuses as busy is sent again (``BUSY_RETRIES`` times, backing
+  off).
 - ``KeyLimits``: each client key has at most ``per_key`` requests in progress; more get 429 at
   once. (Without keys, on loopback, the front end cannot tell its clients apart: the slots above
   still bound them all.)
@@ -26,15 +31,27 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
-Post = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]  # (model, body) -> answer
+Answer = tuple[int, dict[str, Any]]  # (HTTP status, JSON object)
+
+
+class Post(Protocol):
+    """A call of ``model``'s predictions with ``body`` (``bulk``: one chunk of a fan-out)."""
+
+    def __call__(self, model: str, body: dict[str, Any], *, bulk: bool = False) -> Answer: ...
+
 
 DEFAULT_QUEUE = 100  # TorchServe's job_queue_size when the model does not say
 UPSTREAM_SHARE = 0.75
-WINDOW = 4
+WINDOW = 8
+BULK_CHUNK = 8
+BULK_ALONE = 8
+BULK_SHARED = 1
 PER_KEY = 32
 WAIT_S = 60.0
+QUIET_S = 1.0  # no other call for this long: bulk may fill up to BULK_ALONE
+BULK_WAIT_S = 600.0  # a bulk chunk waits its turn behind others' (up to this, then 503)
 ASK_EVERY_S = 5.0  # how often an unknown queue size is asked again
 BUSY_RETRIES = 4
 BUSY_BACKOFF_S = 0.25
@@ -69,6 +86,8 @@ class Upstream:
         self._limit: int | None = None
         self._asked = -ASK_EVERY_S
         self._in_flight = 0
+        self._bulk = 0  # of them bulk calls
+        self._other_seen = -QUIET_S  # when a call that is not bulk last ended
         self._waiting = 0
         self._wait_s = wait_s
         self._free = threading.Condition()
@@ -87,14 +106,15 @@ class Upstream:
                 return self._limit
         return max(1, int(DEFAULT_QUEUE * UPSTREAM_SHARE))
 
-    def acquire(self) -> None:
-        """Take a slot, waiting up to ``wait_s`` for one; Busy(503) when none came."""
+    def acquire(self, bulk: bool = False) -> None:
+        """Take a slot (a ``bulk`` one through the bulk gate too), waiting up to ``wait_s``
+        (``BULK_WAIT_S`` for bulk) for one; Busy(503) when none came."""
         limit = self.limit
-        deadline = time.monotonic() + self._wait_s
+        deadline = time.monotonic() + (BULK_WAIT_S if bulk else self._wait_s)
         with self._free:
             self._waiting += 1
             try:
-                while self._in_flight >= limit:
+                while self._in_flight >= limit or (bulk and not self._bulk_may_go()):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise Busy(
@@ -102,27 +122,42 @@ class Upstream:
                             f"the translation server is busy ({self._in_flight} calls in "
                             f"progress, {self._waiting} waiting): retry in a moment",
                         )
-                    self._free.wait(left)
+                    self._free.wait(min(left, QUIET_S) if bulk else left)
                 self._in_flight += 1
+                self._bulk += bulk
             finally:
                 self._waiting -= 1
 
-    def release(self) -> None:
+    def _bulk_may_go(self) -> bool:
+        """One more bulk call: up to BULK_ALONE while no other call has been in flight for
+        ``QUIET_S``, else BULK_SHARED (the lock held)."""
+        alone = self._in_flight == self._bulk and time.monotonic() - self._other_seen >= QUIET_S
+        return self._bulk < (BULK_ALONE if alone else BULK_SHARED)
+
+    def release(self, bulk: bool = False) -> None:
         with self._free:
             self._in_flight -= 1
-            self._free.notify()
+            self._bulk -= bulk
+            if not bulk:
+                self._other_seen = time.monotonic()
+            self._free.notify_all()  # waiters differ in what they wait for
 
     @contextmanager
-    def slot(self) -> Iterator[None]:
-        self.acquire()
+    def slot(self, bulk: bool = False) -> Iterator[None]:
+        self.acquire(bulk)
         try:
             yield
         finally:
-            self.release()
+            self.release(bulk)
 
     def counts(self) -> dict[str, int]:
         with self._free:
-            return {"in_flight": self._in_flight, "waiting": self._waiting, "limit": self.limit}
+            return {
+                "in_flight": self._in_flight,
+                "bulk": self._bulk,
+                "waiting": self._waiting,
+                "limit": self.limit,
+            }
 
 
 class KeyLimits:
@@ -157,17 +192,23 @@ class KeyLimits:
 
 
 def fan_out(
-    post: Post, model: str, bodies: Sequence[dict[str, Any]], window: int = WINDOW
-) -> list[tuple[int, dict[str, Any]]]:
-    """The answers to ``bodies`` in order, at most ``window`` in flight. After the first
-    answer that is not a 200 the rest are not sent: the list ends at that answer."""
+    post: Post,
+    model: str,
+    bodies: Sequence[dict[str, Any]],
+    window: int = WINDOW,
+    bulk: bool | None = None,
+) -> list[Answer]:
+    """The answers to ``bodies`` in order, at most ``window`` in flight, sent as ``bulk``
+    calls (by default when there are several). After the first answer that is not a 200 the
+    rest are not sent: the list ends at that answer."""
     failed = threading.Event()
+    marked = len(bodies) > 1 if bulk is None else bulk
 
-    def one(body: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    def one(body: dict[str, Any]) -> Answer | None:
         if failed.is_set():
             return None
         try:
-            answer = post_patiently(post, model, body)
+            answer = post_patiently(post, model, body, bulk=marked)
         except BaseException:
             failed.set()
             raise
@@ -175,7 +216,7 @@ def fan_out(
             failed.set()
         return answer
 
-    answers: list[tuple[int, dict[str, Any]]] = []
+    answers: list[Answer] = []
     with ThreadPoolExecutor(max_workers=max(1, min(window, len(bodies)))) as pool:
         for answer in pool.map(one, bodies):
             if answer is None:
@@ -186,12 +227,12 @@ def fan_out(
     return answers
 
 
-def post_patiently(post: Post, model: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def post_patiently(post: Post, model: str, body: dict[str, Any], *, bulk: bool = False) -> Answer:
     """``post``, sent again (backing off) while TorchServe answers that it is busy."""
-    answer = post(model, body)
+    answer = post(model, body, bulk=bulk)
     for attempt in range(BUSY_RETRIES):
         if answer[0] != 503 or answer[1].get("error_type") not in BUSY_TYPES:
             break
         time.sleep(BUSY_BACKOFF_S * 2**attempt)
-        answer = post(model, body)
+        answer = post(model, body, bulk=bulk)
     return answer

@@ -152,7 +152,9 @@ def _candidates(
         for sampling, copies in CANDIDATE_PLAN
         for _ in range(copies)
     ]
-    answers = [_checked(answer) for answer in fan_out(post, translator, requests, len(requests))]
+    # one client's candidates, waited for at once: not bulk
+    sent = fan_out(post, translator, requests, len(requests), bulk=False)
+    answers = [_checked(answer) for answer in sent]
     per_text: list[list[str]] = [[] for _ in answers[0]["translations"]]
     for answer in answers:
         for i, item in enumerate(answer["translations"]):
