@@ -45,9 +45,9 @@ class Post(Protocol):
 DEFAULT_QUEUE = 100  # TorchServe's job_queue_size when the model does not say
 UPSTREAM_SHARE = 0.75
 WINDOW = 8
-BULK_CHUNK = 8
+BULK_CHUNK = 16
 BULK_ALONE = 8
-BULK_SHARED = 1
+BULK_SHARED = 2
 PER_KEY = 32
 WAIT_S = 60.0
 QUIET_S = 1.0  # no other call for this long: bulk may fill up to BULK_ALONE
