@@ -27,7 +27,7 @@ TRANSLATED = {"translation": "x", "translations": [{"text": "x"}], "usage": {}}
 
 
 def _keys(
-    path: Path, names: tuple[str, ...] = ("alice", "bob"), limit: int = 1_000_000
+    path: Path, names: tuple[str, ...] = ("alice", "bøb"), limit: int = 1_000_000
 ) -> ClientKeys:
     entries = [{"name": n, "key": f"{n}-key-0123456789ab", "character_limit": limit} for n in names]
     path.write_text(json.dumps({"keys": entries}))

@@ -40,8 +40,12 @@ DEEPL_TARGETS = {
 # DeepL options this server cannot honour (refused); the others it does not know (such as
 # split_sentences or preserve_formatting) change nothing here and are accepted.
 DEEPL_UNSUPPORTED = ("glossary_id", "glossary_ids", "style_id", "translation_memory_id")
-STATUS_BY_TYPE = {"payload_too_large": 413, "server_busy": 503, "server_unavailable": 502}
-STATUS_BY_TYPE |= {"overloaded": 503}
+STATUS_BY_TYPE = {
+    "payload_too_large": 413,
+    "server_busy": 503,
+    "overloaded": 503,
+    "server_unavailable": 502,
+}
 # Texts one request may carry: they go to TorchServe a few chunks at a time (fairness.fan_out),
 # so this only bounds how long one request may take and what it holds in memory.
 MAX_TEXTS = 50_000

@@ -43,9 +43,9 @@ FORMATS |= {".htm": "html", ".srt": "srt"}
 MEDIA_TYPES = {"text": "text/plain", "markdown": "text/markdown", "html": "text/html"}
 MEDIA_TYPES |= {"srt": "application/x-subrip"}
 MAX_FILE_BYTES = 4 * 1_048_576  # the handler refuses more than its max_document_bytes anyway
-MAX_JOBS = 1024
+MAX_JOBS = 256  # each holds up to MAX_FILE_BYTES twice (the file and its translation)
 PER_KEY_ACTIVE = 8
-PER_KEY_KEPT = 64
+PER_KEY_KEPT = 32
 KEEP_S = 3600.0
 DOWNLOADED_KEEP_S = 300.0
 WORKERS = 4
@@ -142,7 +142,7 @@ class DocumentJobs:
             job is None
             or not document_key
             or not secrets.compare_digest(job.key, document_key)
-            or not secrets.compare_digest(job.owner, key.name)
+            or job.owner != key.name  # a name, not a secret (and may be any text)
         ):
             raise CompatError(404, "Document not found")
         return job
