@@ -11,6 +11,13 @@ Writes results.json, results.md and PNG plots to ``--out``.
 
     PYTHONPATH=handler:loadtest/serving python loadtest/serving/run_bench.py --out DIR
     PYTHONPATH=handler:loadtest/serving python loadtest/serving/run_bench.py --tiny --out DIR
+
+A soak (``--window``) runs each user count as one long level reported per window, with
+TorchServe's live heap and the front-end plugin's counts at each window's end; with
+``--bad-fraction`` a share of the requests are ones the handler answers 400 (expected errors):
+
+    ... run_bench.py --skip-naive --users 256 --duration 480 --window 30 --bad-fraction 0.1 \
+        --out DIR   (benchmarks/serving/frontend_jobs/gpu_soak.sh: on the GPU machine)
 """
 
 from __future__ import annotations
