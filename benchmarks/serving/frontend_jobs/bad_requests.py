@@ -31,7 +31,7 @@ from typing import Any
 import requests
 
 from hymt_serve.ops.archive import build_archive
-from hymt_serve.ops.launcher import Server, start, stop, wait_ready
+from hymt_serve.ops.launcher import Server, free_port_overrides, start, stop, wait_ready
 from hymt_serve.ops.tiny_model import build_tiny_model, default_tokenizer_dir
 
 REPO = Path(__file__).resolve().parents[3]
@@ -63,11 +63,7 @@ def serve(out: Path, plugin: bool, archive: dict[str, Any]) -> Server:
         overrides=archive,
         name=MODEL,
     )
-    ports = free_ports(6)
-    names = ["inference_address", "management_address", "metrics_address"]
-    overrides = {name: f"http://127.0.0.1:{port}" for name, port in zip(names, ports, strict=False)}
-    overrides |= {"grpc_inference_port": str(ports[3]), "grpc_management_port": str(ports[4]),
-                  "initial_worker_port": str(ports[5])}  # fmt: skip
+    overrides = free_port_overrides()
     if not plugin:
         (out / "no-plugins").mkdir(exist_ok=True)
         overrides["plugins_path"] = str(out / "no-plugins")
@@ -75,18 +71,6 @@ def serve(out: Path, plugin: bool, archive: dict[str, Any]) -> Server:
                       models=[f"{MODEL}={MODEL}.mar"], overrides=overrides)  # fmt: skip
     wait_ready(server, [MODEL], timeout=240)
     return server
-
-
-def free_ports(count: int) -> list[int]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def live(server: Server) -> tuple[int, float]:
