@@ -117,7 +117,7 @@ def main() -> None:
                 }
                 if candidates:  # six distinct stand-ins about as long as real candidates
                     body["candidates"] = [f"{row['text']} ({i})" for i in range(1, 7)]
-                return url, body, headers, n
+                return Job(url, body, headers, n)
 
             return make_job
 
@@ -155,7 +155,7 @@ def main() -> None:
 def _wait_until_answered(job: Job, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if send(job, 120)[1] is None:
+        if send(job, 120).error is None:
             return
         time.sleep(1)
     raise SystemExit("the refine endpoint never answered")
@@ -168,7 +168,8 @@ def _phase_split(make_job: Any, count: int) -> dict[str, float]:
     seen: dict[str, list[float]] = {"candidates": [], "refine": []}
     rng = random.Random(1)
     for _ in range(count):
-        url, body, _headers, _n = make_job(rng)
+        job = make_job(rng)
+        url, body = job.url, job.body
         request = urllib.request.Request(
             url, json.dumps(body).encode(), {"Content-Type": "application/json"}
         )

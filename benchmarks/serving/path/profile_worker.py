@@ -57,7 +57,7 @@ def main() -> None:
 
         def job(rng: random.Random) -> Job:
             body = {"text": rng.choice(TEXTS), "target_lang": "de", "max_new_tokens": 1}
-            return url, body, server.headers("inference"), 1
+            return Job(url, body, server.headers("inference"), 1)
 
         run_closed_loop(job, 8, 3)  # warm up
         pid = model_workers(server, MODEL)[0]["pid"]
