@@ -77,7 +77,7 @@ class Upstream:
     """At most ``limit`` calls to TorchServe in flight from this front end.
 
     ``queue_size`` answers the model's job queue size once TorchServe tells it (None until
-    then: ``DEFAULT_QUEUE`` meanwhile, asked again at the next call)."""
+    then: ``DEFAULT_QUEUE`` meanwhile, asked again ``ASK_EVERY_S`` later)."""
 
     def __init__(
         self, queue_size: Callable[[], int | None] | None = None, wait_s: float = WAIT_S
@@ -151,12 +151,13 @@ class Upstream:
             self.release(bulk)
 
     def counts(self) -> dict[str, int]:
+        limit = self.limit  # may ask TorchServe: not under the lock
         with self._free:
             return {
                 "in_flight": self._in_flight,
                 "bulk": self._bulk,
                 "waiting": self._waiting,
-                "limit": self.limit,
+                "limit": limit,
             }
 
 
