@@ -19,7 +19,10 @@ class Models:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.lock = threading.Lock()
 
-    def post(self, model: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def post(
+        self, model: str, body: dict[str, Any], *, bulk: bool = False
+    ) -> tuple[int, dict[str, Any]]:
+        assert not bulk  # one client's candidates are not bulk work
         with self.lock:
             self.calls.append((model, body))
             number = len(self.calls) - 1
@@ -72,8 +75,10 @@ def test_candidates_cut_by_the_length_limit_are_left_out() -> None:
 
 def test_a_list_of_texts_refines_only_those_with_a_choice() -> None:
     class PerText(Models):
-        def post(self, model: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            status, answer = super().post(model, body)
+        def post(
+            self, model: str, body: dict[str, Any], *, bulk: bool = False
+        ) -> tuple[int, dict[str, Any]]:
+            status, answer = super().post(model, body, bulk=bulk)
             if model == "hunyuan-mt":  # the first text always agrees, the second never
                 answer["translations"] = [
                     {"text": "same", "finish_reason": "stop"},
@@ -103,7 +108,9 @@ def test_errors_pass_through() -> None:
     status, answer = run(Models([]), {"text": "x", "target_lang": "en"})
     assert status == 400 and answer["field"] == "source_lang"
 
-    def refusing(model: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def refusing(
+        model: str, body: dict[str, Any], *, bulk: bool = False
+    ) -> tuple[int, dict[str, Any]]:
         return 503, {"error": "busy", "error_type": "server_busy"}
 
     assert refine(BODY, refusing, "hunyuan-mt", "chimera") == (
