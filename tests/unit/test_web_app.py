@@ -13,8 +13,9 @@ from web_stub import DESCRIBE, MODEL, PREDICTIONS, Upstream, workdir
 from web_stub import response as stub_response
 from werkzeug.wrappers import Request, Response
 
-from hymt_serve.web.app import TORCHSERVE_BUSY, create_app
+from hymt_serve.web.app import create_app
 from hymt_serve.web.keys import ClientKeys
+from hymt_serve.web.torchserve import TORCHSERVE_BUSY
 
 
 @pytest.fixture

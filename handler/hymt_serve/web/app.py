@@ -18,30 +18,27 @@ key's requests in progress are bounded (:mod:`.fairness`).
 from __future__ import annotations
 
 import functools
-import http.cookiejar
 import ipaddress
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-import requests
 from flask import Flask, Response, g, jsonify, request
 
-from hymt_serve.ops.launcher import KeyFileUnavailable, Server, describe_model, handler_description
+from hymt_serve.ops.launcher import Server, handler_description
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.web.compat import add_compat_routes
 from hymt_serve.web.deepl_documents import DocumentJobs, add_document_routes
-from hymt_serve.web.fairness import Answer, Busy, KeyLimits, Post, Upstream
+from hymt_serve.web.fairness import Busy, KeyLimits, Upstream
 from hymt_serve.web.keys import ClientKey, ClientKeys, bearer
 from hymt_serve.web.oip_routes import add_oip_routes
 from hymt_serve.web.refine import refine
+from hymt_serve.web.torchserve import forward, json_response, poster, queue_size, relay_bytes
 
 DEFAULT_MAX_CHARS = 4000
 DEFAULT_MAX_DOCUMENT_BYTES = 1_048_576
 DEFAULT_MAX_TEXTS = 16
-JSON, NDJSON = "application/json", "application/x-ndjson"
-TORCHSERVE_TYPES = {400: "invalid_request", 413: "payload_too_large", 503: "server_busy"}
 # The family features the page has controls for.
 PAGE_FEATURES = (
     "glossary",
@@ -52,18 +49,6 @@ PAGE_FEATURES = (
     "delimiters",
     "data_format",
 )
-UNREACHABLE = {
-    "error": "the translation server cannot be reached",
-    "error_type": "server_unavailable",
-}
-# TorchServe answers some statuses with an empty body (413 for a body over max_request_size).
-EMPTY_BODY_MESSAGES = {
-    413: "the request is larger than the server accepts",
-    503: "the server is busy",
-}
-# TorchServe's own 503 (a full job queue, or no live worker) says "use scale workers API":
-# advice for its operator, not for a client.
-TORCHSERVE_BUSY = "the translation server is busy or restarting: retry in a moment"
 # Open whoever asks: the page and its files, and the probes (a kubelet sends no key).
 ALWAYS_OPEN = frozenset({"page", "favicon", "static", "live", "server_ready", "model_ready"})
 # Routes that check their API's own client key whatever the address (LibreTranslate, DeepL, v2).
@@ -113,9 +98,9 @@ def create_app(
         raise ValueError("require_keys needs client_keys")
     app = Flask(__name__, static_folder="static", static_url_path="/static")
     predictions = f"{server.inference_url()}/predictions/{model}"
-    upstream = upstream or Upstream(functools.partial(_queue_size, server, model))
+    upstream = upstream or Upstream(functools.partial(queue_size, server, model))
     limits = limits or KeyLimits()
-    post = _poster(server, upstream)
+    post = poster(server, upstream)
     if client_keys is not None:
         known: dict[str, int] = {}
 
@@ -130,7 +115,7 @@ def create_app(
         add_compat_routes(app, post, model, client_keys, max_texts, limits)
         jobs = DocumentJobs(post, model, client_keys)
         add_document_routes(app, jobs, client_keys)
-        relay = functools.partial(_relay_bytes, server, upstream)
+        relay = functools.partial(relay_bytes, server, upstream)
         add_oip_routes(app, server, model, client_keys, relay, limits)
 
     @app.before_request
@@ -143,16 +128,16 @@ def create_app(
         assert client_keys is not None  # checked above: require_keys needs them
         g.client_key = client_keys.find(bearer(request.headers.get("Authorization", "")))
         if g.client_key is None:
-            return _response(NEEDS_KEY, 401)
+            return json_response(NEEDS_KEY, 401)
         return None
 
     @app.errorhandler(QuotaReached)
     def quota_reached(_error: QuotaReached) -> Response:
-        return _response(QUOTA_REACHED, 429)
+        return json_response(QUOTA_REACHED, 429)
 
     @app.errorhandler(Busy)
     def busy(error: Busy) -> Response:
-        response = _response(error.body(), error.status)
+        response = json_response(error.body(), error.status)
         response.headers["Retry-After"] = str(error.retry_after)
         return response
 
@@ -195,7 +180,7 @@ def create_app(
             ), 400
         key: ClientKey | None = g.client_key
         with _held(limits, key), _counted(client_keys, key, _characters(body)) as outcome:
-            answer = _forward(server, upstream, predictions, _with_default_stream(body))
+            answer = forward(server, upstream, predictions, _with_default_stream(body))
             outcome.append(answer.status_code)
             return answer
 
@@ -249,147 +234,6 @@ def _json_object() -> dict[str, Any] | None:
     except (ValueError, RecursionError):
         return None
     return body if isinstance(body, dict) else None
-
-
-def _forward(server: Server, upstream: Upstream, url: str, payload: dict[str, Any]) -> Response:
-    """POST ``payload`` to ``url`` with the inference key, holding an upstream slot (until
-    the end of a streamed answer); the answer as a Flask response."""
-    streaming = payload.get("stream") is True
-    bulk = isinstance(payload.get("document"), str)  # a document is bulk work (fairness)
-    upstream.acquire(bulk)
-    try:
-        answer = _post_upstream(server, url, payload, streaming)
-    except (requests.RequestException, KeyFileUnavailable):
-        upstream.release(bulk)
-        return _response(UNREACHABLE, 502)
-    if streaming and answer.ok:
-        done = functools.partial(upstream.release, bulk)
-        return Response(_relay(answer, done), status=answer.status_code, mimetype=NDJSON)
-    upstream.release(bulk)
-    return _answer(answer)
-
-
-def _relay_bytes(
-    server: Server, upstream: Upstream, url: str, data: bytes, headers: Mapping[str, str]
-) -> Response:
-    """POST ``data`` as it came (with ``headers``) to ``url`` with the inference key."""
-    try:
-        with upstream.slot():
-            answer = _session().post(
-                url,
-                data=data,
-                headers={**headers, **server.headers("inference")},
-                timeout=(5, 600),
-            )
-    except (requests.RequestException, KeyFileUnavailable):
-        return _response(UNREACHABLE, 502)
-    return _answer(answer)
-
-
-def _answer(upstream: requests.Response) -> Response:
-    """TorchServe's whole answer as a Flask response (its errors as ``{error, error_type}``)."""
-    if not upstream.ok:
-        return _response(_error_body(upstream), upstream.status_code)
-    return Response(
-        upstream.content,
-        status=upstream.status_code,
-        content_type=upstream.headers.get("Content-Type") or JSON,
-    )
-
-
-def _response(body: dict[str, Any], status: int) -> Response:
-    response = jsonify(body)
-    response.status_code = status
-    return response
-
-
-@functools.cache
-def _session() -> requests.Session:
-    """One connection pool to TorchServe for every thread (urllib3's pool is thread-safe):
-    kept-alive connections instead of a new one per call (a refinement makes seven)."""
-    session = requests.Session()
-    # Shared by every client's calls: never keep a cookie between them.
-    session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=512)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session
-
-
-def _post_upstream(
-    server: Server, url: str, payload: dict[str, Any], stream: bool = False
-) -> requests.Response:
-    """POST ``payload`` as JSON to ``url`` with the inference key (raises RequestException)."""
-    return _session().post(
-        url,
-        data=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
-        headers={"Content-Type": JSON, **server.headers("inference")},
-        stream=stream,
-        timeout=(5, 600),
-    )
-
-
-def _poster(server: Server, upstream: Upstream) -> Post:
-    """A call of one model's predictions (not streamed) that answers (status, JSON object),
-    holding an upstream slot (raises Busy when none comes)."""
-
-    def post(model: str, body: dict[str, Any], *, bulk: bool = False) -> Answer:
-        url = f"{server.inference_url()}/predictions/{model}"
-        try:
-            with upstream.slot(bulk):
-                answer = _post_upstream(server, url, body)
-        except (requests.RequestException, KeyFileUnavailable):
-            return 502, UNREACHABLE
-        if not answer.ok:
-            return answer.status_code, _error_body(answer)
-        try:
-            reply = answer.json()
-        except ValueError:
-            reply = None
-        if not isinstance(reply, dict):
-            return 502, {"error": f"{model} answered no JSON object", "error_type": "server_error"}
-        return 200, reply
-
-    return post
-
-
-def _relay(upstream: requests.Response, done: Callable[[], None]) -> Iterator[bytes]:
-    """The streamed answer's bytes as they come; ``done`` at its end (or the client's)."""
-    try:
-        yield from upstream.iter_content(chunk_size=None)
-    finally:
-        upstream.close()
-        done()
-
-
-def _error_body(upstream: requests.Response) -> dict[str, Any]:
-    """Our JSON errors pass through; TorchServe's own ({code, type, message}) and empty or
-    non-JSON bodies become ``{error, error_type}`` (for the same status)."""
-    status = upstream.status_code
-    try:
-        body = upstream.json()
-    except ValueError:
-        body = None
-    finally:
-        upstream.close()
-    if isinstance(body, dict) and "error_type" in body:
-        return body
-    message = body.get("message") if isinstance(body, dict) else None
-    if status == 503:
-        message = TORCHSERVE_BUSY
-    return {
-        "error": message or EMPTY_BODY_MESSAGES.get(status, f"HTTP {status}"),
-        "error_type": TORCHSERVE_TYPES.get(status, "server_error"),
-    }
-
-
-def _queue_size(server: Server, model: str) -> int | None:
-    """The model's job queue size from TorchServe's describe API; None when it cannot say."""
-    try:
-        status = describe_model(server, model, timeout=2)[0]["jobQueueStatus"]
-        return int(status["remainingCapacity"]) + int(status["pendingRequests"])
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        return None
 
 
 def _held(limits: KeyLimits, key: ClientKey | None) -> AbstractContextManager[None]:
