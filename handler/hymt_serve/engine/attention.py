@@ -37,12 +37,11 @@ REFERENCE_KERNEL = "torch_reference"
 PROMPT_KERNEL = "triton_slot_prompt"  # prompt tokens: :func:`prompt_attention`
 GATHERED_KERNEL = "gathered_sdpa"  # prompt tokens elsewhere: model.packed_attention
 _BLOCK_N = 64  # positions per tile of the prompt kernel
-# The decode kernel's tiles: positions per tile, warps, pipeline stages. Chosen on an H200 by a
-# sweep of 27 configs over the sentence mix's shapes (batch 1-256, 60-100 live positions) and
-# 64 rows of 700 (benchmarks/serving/decode_tiles/): 0.85 x the time of (64, 4, 3) on average,
-# 28.3 against 41.6 us a layer at 256 rows; 1.03 x at 700 positions.
+# The decode kernel's tiles: positions per tile, warps, pipeline stages. Chosen by a sweep of
+# 27 configs over the sentence mix's shapes (batch 1-256, 60-100 live positions) and 64 rows of
+# 700; the sweep and its numbers are in benchmarks/serving/decode_tiles/.
 _DECODE_TILES = {"BLOCK_N": 32, "num_warps": 2, "num_stages": 2}
-_TARGET_PROGRAMS = 264  # two waves on the H200's 132 SMs
+_TARGET_PROGRAMS = 264  # two waves on 132 SMs
 # Splits of the cache's positions: at 1-4 rows of a 1,536-position cache 8 splits (128
 # positions each) against 4 took 9.7-10.5 against 14.5-15.1 us at 700 live positions and 0.2-0.4
 # us more at the sentence mix's 60-100 (benchmarks/serving/decode_tiles/split_sweep.json).
@@ -265,8 +264,8 @@ def _define_kernels() -> tuple[Any, Any, Any]:
 
     # The block count only places the rows of ``blocks``: a runtime argument Triton does not
     # specialise, so one compile serves every prefill graph. As a constant it compiled once
-    # per graph, 16 times at the GPU profile's start; capturing the prefill graphs went from
-    # 8.3 to 1.6 s on the H200 (benchmarks/decode/quantized/ready-compiles/).
+    # per graph, 16 times at the GPU profile's start (measured in
+    # benchmarks/decode/quantized/ready-compiles/).
     @triton.jit(do_not_specialize=["n_blocks"])  # type: ignore[untyped-decorator]
     def prompt_kernel(  # type: ignore[no-untyped-def]
         q_ptr, kc_ptr, vc_ptr, pos_ptr, blocks_ptr, out_ptr, stride_qn, stride_qh,
