@@ -15,6 +15,7 @@ from typing import Any
 
 from ts.handler_utils.utils import send_intermediate_predict_response
 
+from hymt_serve.core.settings import Settings
 from hymt_serve.request import oip
 from hymt_serve.request.errors import (
     HTTP_PHRASES,
@@ -24,7 +25,6 @@ from hymt_serve.request.errors import (
     as_service_error,
 )
 from hymt_serve.request.service import Outcome, Prepared, Reply, TranslationService
-from hymt_serve.request.settings import Settings
 from hymt_serve.request.transport import STREAM_NEXT_HEADER, Origin, body_of, origin, refusal
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class HunyuanMTHandler:
         self.async_mode = _async_mode(context)
         engine: Any
         if self.async_mode:  # the model runs in a child process, away from this one's GIL
-            from hymt_serve.engine.process import EngineClient
+            from hymt_serve.engine.process.private import EngineClient
             from hymt_serve.request.async_guards import (
                 cheap_context_copies,
                 drop_entry_point_prints,
@@ -166,7 +166,7 @@ class HunyuanMTHandler:
     async def _describe_async(self) -> dict[str, Any]:
         """:meth:`describe` without blocking the event loop: the engine process answers while
         other requests go on."""
-        from hymt_serve.engine.process import EngineClient
+        from hymt_serve.engine.process.private import EngineClient
 
         service = self._service()
         engine = service.engine

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.runner import FastRunner
-from hymt_serve.engine.runners import Runner
-from hymt_serve.engine.scheduler import Scheduler
-from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow
+from hymt_serve.core.types import FinishReason, GenerationResult, GenerationRow
+from hymt_serve.engine.runners.build import build_fast_runner
+from hymt_serve.engine.runners.fast import FastRunner
+from hymt_serve.engine.runners.protocol import Runner
+from hymt_serve.engine.scheduler.loop import Scheduler
 
 
 def token_result(tokens: list[int], finish: FinishReason) -> GenerationResult:

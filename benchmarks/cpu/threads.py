@@ -24,9 +24,9 @@ from typing import Any
 def _engine_process(
     model_dir: str, threads: int, rows: int, tokens: int, rounds: int, start: Any, out: Any
 ) -> None:
+    from hymt_serve.core.settings import Settings
+    from hymt_serve.core.types import GenerationRow
     from hymt_serve.engine.engine import load_engine
-    from hymt_serve.engine.types import GenerationRow
-    from hymt_serve.request.settings import Settings
 
     raw = {"model_path": model_dir, "device": "cpu", "dtype": "float32", "engine": "hf"}
     settings = Settings.from_mapping({**raw, "cpu_threads": threads, "max_new_tokens": tokens})
@@ -73,8 +73,8 @@ def run_case(model_dir: Path, args: argparse.Namespace, threads: int, busy: bool
 
 
 def main() -> None:
+    from hymt_serve.core.settings import usable_cpus
     from hymt_serve.ops.tiny_model import build_tiny_model
-    from hymt_serve.request.settings import usable_cpus
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", type=int, default=2)

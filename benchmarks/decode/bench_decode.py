@@ -31,11 +31,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
-from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
-from hymt_serve.engine.hf import HFRunner
-from hymt_serve.engine.runner import FastRunner
-from hymt_serve.engine.scheduler import Scheduler
-from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow
+from hymt_serve.core.types import FinishReason, GenerationResult, GenerationRow
+from hymt_serve.engine.runners.build import UnsupportedModelError, build_fast_runner
+from hymt_serve.engine.runners.fast import FastRunner
+from hymt_serve.engine.runners.hf_forward import HFRunner
+from hymt_serve.engine.scheduler.loop import Scheduler
 from hymt_serve.ops.tiny_model import random_7b_model
 
 KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
@@ -467,8 +467,8 @@ def loaded_section(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The fast engine over ``--checkpoint`` (or its FP8 checkpoint) loaded as the server
     loads it; ready time = load + build."""
-    from hymt_serve.engine.loading import load_model
-    from hymt_serve.request.settings import Settings
+    from hymt_serve.core.settings import Settings
+    from hymt_serve.engine.checkpoints.loading import load_model
 
     form, _, head = quantize.partition("+")
     path = args.checkpoint

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from fp8_gemm import LAYERS, timed_graph
 
-from hymt_serve.engine import weight_only as wo
+from hymt_serve.engine.kernels import weight_only as wo
 
 SHAPES = {
     "qkv": (6144, 4096),

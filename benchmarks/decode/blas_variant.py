@@ -25,7 +25,7 @@ def main() -> None:
     if variant not in {"default", "lt", "cublas-one-row", *SPLITK}:
         sys.exit(f"unknown variant {variant!r}")
     if variant == "cublas-one-row":
-        from hymt_serve.engine import weight_only
+        from hymt_serve.engine.kernels import weight_only
 
         weight_only.set_plain_row_kernel("cublas")
     matmul = torch.backends.cuda.matmul

@@ -1,7 +1,7 @@
 """Compiling the weight-only kernel for an H100/H200 (sm_90) here, without a GPU: a few of the
 tile configs an int4 + int8-head engine compiles, one after the other and then in threads
 (each run in a fresh process with an empty Triton cache), to see how much of Triton's compile
-runs outside the GIL (hymt_serve.engine.ahead compiles in threads on that account).
+runs outside the GIL (hymt_serve.engine.kernels.ahead compiles in threads on that account).
 
     PYTHONPATH=handler python benchmarks/decode/compile_threads.py [--threads 4]
 """
@@ -31,7 +31,7 @@ def compile_one(tile: tuple[object, ...]) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from hymt_serve.engine import weight_only_kernels as kernels
+    from hymt_serve.engine.kernels import weight_only_triton as kernels
 
     x, w, kind, block_m, block_n, block_k, warps, deep = tile
     signature = {

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hymt_serve.engine.quantized import FP8, FP8_MAX
+from hymt_serve.engine.kernels.quantized import FP8, FP8_MAX
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # qkv, o, gate_up, down
 LAYERS = 32

@@ -25,8 +25,8 @@ from bf16_row import COPIES, median_ms
 from bf16_row import SHAPES as ROW_SHAPES
 from fp8_gemm import LAYERS
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.quantized import FP8
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels.quantized import FP8
 
 SHAPES = {name: ROW_SHAPES[name] for name in ("qkv", "o", "gate_up", "down")}  # no LM head
 

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from hymt_serve.engine import model
-from hymt_serve.engine.quantized import FP8, FP8_MAX, quantize_input
+from hymt_serve.engine.kernels.quantized import FP8, FP8_MAX, quantize_input
+from hymt_serve.engine.models import hunyuan_v1_dense as model
 
 INTERMEDIATE = 14336  # a 7B's MLP width: gate_up has twice as many outputs
 

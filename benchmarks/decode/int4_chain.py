@@ -37,8 +37,8 @@ from typing import Any
 import torch
 import triton
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine import weight_only_pairs as pair_kernels
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels import weight_only_pairs as pair_kernels
 
 PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096)}
 PROJECTIONS["down"] = (4096, 14336)

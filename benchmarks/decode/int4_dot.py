@@ -37,8 +37,8 @@ import triton.language as tl
 from fp8_gemm import timed_graph
 from int4_pairs import engine_launch, error_of, one_pass, pass_inputs
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.weight_only_kernels import int4_block
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels.weight_only_triton import int4_block
 
 
 @triton.jit

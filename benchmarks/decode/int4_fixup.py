@@ -43,8 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine import weight_only_kernels as kernels
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels import weight_only_triton as kernels
 
 PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096)}
 PROJECTIONS["down"] = (4096, 14336)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from fp8_gemm import LAYERS, SHAPES, timed_graph
 from int4_pairs import COPIES, pass_inputs
 
-from hymt_serve.engine import weight_only as wo
+from hymt_serve.engine.kernels import weight_only as wo
 
 ROWS = (32, 64, 128, 256)
 

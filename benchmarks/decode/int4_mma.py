@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hymt_serve.engine import weight_only as wo
+from hymt_serve.engine.kernels import weight_only as wo
 
 GROUP = 128  # inputs per group: 8 k-tiles of 16
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"

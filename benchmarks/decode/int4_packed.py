@@ -44,8 +44,13 @@ import triton.language as tl
 from fp8_gemm import LAYERS, SHAPES, timed_graph
 from int4_pairs import one_pass, pass_inputs
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.weight_only_kernels import bf16x2_step, int4_bf16x2, int4_block, int4_pairs
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels.weight_only_triton import (
+    bf16x2_step,
+    int4_bf16x2,
+    int4_block,
+    int4_pairs,
+)
 
 MODES = {"loads": 0, "fp32": 1, "bf16x2": 2, "bf16x2-words": 3}
 REGISTERS: dict[tuple[int, ...], tuple[int, int]] = {}  # (tile, mode, ahead): registers, spills

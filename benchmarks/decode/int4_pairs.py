@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 from fp8_gemm import LAYERS, SHAPES, timed_graph
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.weight_only_kernels import int4_block, int4_pairs
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels.weight_only_triton import int4_block, int4_pairs
 
 COPIES = 4  # distinct weights per pass (weight_only_gemm.py): nothing sits in L2
 

@@ -36,8 +36,8 @@ import torch
 import triton
 from bf16_row import SHAPES
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine import weight_only_kernels as kernels
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels import weight_only_triton as kernels
 
 NORM_FED = ("qkv", "gate_up", "head")  # the engine gives these fp16 inputs on its tiled kernel
 # Config(1, block_n, block_k, warps, 1, programs): a program's [block_k, block_n] tile
@@ -73,7 +73,7 @@ def timings(out: Path, configs: list[wo.Config]) -> list[dict[str, Any]]:
     from bf16_row import COPIES, median_ms
     from fp8_gemm import LAYERS
 
-    from hymt_serve.engine.quantized import quantize_int8_rows
+    from hymt_serve.engine.kernels.quantized import quantize_int8_rows
 
     torch.manual_seed(0)
     rows: list[dict[str, Any]] = []

@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hymt_serve.engine import weight_only as wo
+from hymt_serve.engine.kernels import weight_only as wo
 
 MODES = ("engine", "fp16", "fp16_prmt", "fp16_fold", "bf16_magic", "fp16_bits")
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
@@ -214,7 +214,7 @@ def timings(out: Path) -> None:
     from bf16_row import COPIES, SHAPES, median_ms, passes
     from fp8_gemm import LAYERS
 
-    from hymt_serve.engine.quantized import quantize_int8_rows
+    from hymt_serve.engine.kernels.quantized import quantize_int8_rows
 
     torch.manual_seed(0)
     engine = tuple(ENGINE_TILE[1:])

@@ -20,8 +20,8 @@ import torch
 from bf16_row import COPIES, median_ms
 from fp8_gemm import LAYERS
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.quantized import QUANTIZERS
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels.quantized import QUANTIZERS
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "down": (4096, 14336), "gate_up": (28672, 4096)}
 

@@ -26,8 +26,8 @@ from int4_packed import MODES, row_kernel
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine import weight_only_kernels as kernels
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels import weight_only_triton as kernels
 
 TARGET = GPUTarget("cuda", 90, 32)
 NVDISASM = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"

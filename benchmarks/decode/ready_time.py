@@ -9,7 +9,7 @@ random-weight folder is written first when ``--checkpoint`` does not exist yet (
 checkpoint for ``fp8-checkpoint``). Each row also counts the kernels Triton compiled (inductor's,
 and ours by name: every specialisation is a compile). ``--serial FORM ...`` runs those forms
 once more with none of our weight-only kernels compiled ahead (each at its first launch, as
-before hymt_serve.engine.ahead). ``--rounds N`` runs every form N times, each round in
+before hymt_serve.engine.kernels.ahead). ``--rounds N`` runs every form N times, each round in
 another order (the host's speed moves from run to run): each row's ratio is to bf16's ready time
 of its own round, and a second table gives each form's medians. Writes ``ready.json`` and
 ``ready.md`` to ``--out``.
@@ -78,14 +78,14 @@ def measure_one(checkpoint: Path, form: str, serial: bool = False) -> dict[str, 
     no weight-only kernel compiles ahead (each compiles at its first launch)."""
     import torch
 
-    from hymt_serve.engine import ahead
+    from hymt_serve.engine.kernels import ahead
 
     if serial:
         ahead.THREADS = 0
 
-    from hymt_serve.engine.fast import build_fast_runner
-    from hymt_serve.engine.loading import load_model
-    from hymt_serve.request.settings import Settings
+    from hymt_serve.core.settings import Settings
+    from hymt_serve.engine.checkpoints.loading import load_model
+    from hymt_serve.engine.runners.build import build_fast_runner
 
     base, _, head = form.partition("+")
     start = time.perf_counter()
@@ -208,7 +208,7 @@ def main() -> None:
     parser.add_argument("--forms", nargs="+", choices=FORMS, default=["none", "fp8", "int8"])
     parser.add_argument(
         "--serial", nargs="*", choices=FORMS, default=[],
-        help="forms to run once more with no kernel compiled ahead (hymt_serve.engine.ahead)",
+        help="forms to run once more with no kernel compiled ahead (engine.kernels.ahead)",
     )  # fmt: skip
     parser.add_argument(
         "--rounds", type=int, default=1,

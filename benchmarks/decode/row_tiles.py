@@ -35,8 +35,8 @@ import triton
 from bf16_row import COPIES, SHAPES, error_of, median_ms, passes
 from fp8_gemm import LAYERS
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.quantized import quantize_int8_rows
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels.quantized import quantize_int8_rows
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 # (block_n, block_k, warps, stages, programs); the engine's own tile is added to each.
@@ -145,7 +145,7 @@ def sass_counts(out: Path) -> list[dict[str, object]]:
     """The inner loop's instructions for each form's engine tile at 4 and 8 warps (sm_90)."""
     from loop_sass import ARGS, compiled, loop_counts
 
-    from hymt_serve.engine import weight_only_kernels as kernels
+    from hymt_serve.engine.kernels import weight_only_triton as kernels
 
     # (in the kernel's order of arguments: loop_sass marks them divisible by position)
     signature = {**ARGS, "s_ptr": "*fp32"}

@@ -53,15 +53,16 @@ from typing import Any
 import torch
 from bench_decode import _ids, build_model, graph_step_ms, prompts
 
-from hymt_serve.engine import attention, fast
-from hymt_serve.engine import model as step_model
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.loading import load_model
-from hymt_serve.engine.runner import FastRunner
-from hymt_serve.engine.scheduler import Scheduler
-from hymt_serve.engine.types import GenerationRow
-from hymt_serve.request.settings import Settings
+from hymt_serve.core.settings import Settings
+from hymt_serve.core.types import GenerationRow
+from hymt_serve.engine.checkpoints.loading import load_model
+from hymt_serve.engine.kernels import attention
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.models import hunyuan_v1_dense as step_model
+from hymt_serve.engine.runners import build as fast
+from hymt_serve.engine.runners.build import build_fast_runner
+from hymt_serve.engine.runners.fast import FastRunner
+from hymt_serve.engine.scheduler.loop import Scheduler
 
 PROMPT = 40
 

@@ -30,8 +30,8 @@ import triton.language as tl
 from bf16_row import COPIES, SHAPES, error_of, launch_dot, median_ms, passes
 from fp8_gemm import LAYERS
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.quantized import quantize_int8_rows
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels.quantized import quantize_int8_rows
 
 
 @triton.jit(do_not_specialize=["M", "SPAN"])

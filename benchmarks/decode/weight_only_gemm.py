@@ -1,6 +1,6 @@
 """One pass over a 7B-shaped model's decoder projections (32 layers of fused qkv, o, gate_up,
 down; CUDA graph) per token count: bf16, FP8 on ``torch._scaled_mm``, the weight-only kernel
-(``hymt_serve.engine.weight_only``) for int8 and int4 weights, and torch's int4 tinygemm;
+(``hymt_serve.engine.kernels.weight_only``) for int8 and int4 weights, and torch's int4 tinygemm;
 first a sweep of the kernels' tiles at 1, 8 and 64 rows (one count per row class).
 
 ``--dense`` asks whether the kernel would beat cuBLAS on plain bf16 weights at one row (a decode
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from fp8_gemm import LAYERS, SHAPES, timed_graph
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.quantized import FP8, quantize_int8_rows, quantize_tensor
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels.quantized import FP8, quantize_int8_rows, quantize_tensor
 
 Forms = list[tuple[torch.Tensor, torch.Tensor]]
 KINDS = {"int8": wo.INT8, "int4": wo.INT4}

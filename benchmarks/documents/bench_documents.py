@@ -140,11 +140,11 @@ def literal_pieces_in_order(source_pieces: list[str], translated: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from hymt_serve.core.settings import Settings
     from hymt_serve.engine.codec import TokenCodec
     from hymt_serve.ops.archive import build_archive
     from hymt_serve.ops.launcher import start, stop, wait_ready
     from hymt_serve.request.documents import split_document
-    from hymt_serve.request.settings import Settings
 
     work = Path(args.work or tempfile.mkdtemp(prefix="hymt-docbench-"))
     model_dir = build_model(Path(args.model_dir), Path(args.tokenizer), args.tiny)

@@ -46,15 +46,15 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hymt_serve.core.settings import Settings
+from hymt_serve.core.types import GenerationResult, GenerationRow
 from hymt_serve.engine.codec import encode_user_turn
-from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.runner import FastRunner
-from hymt_serve.engine.scheduler import ADMIT_ROWS, ADMIT_WAIT_S, Scheduler
-from hymt_serve.engine.types import GenerationResult, GenerationRow
+from hymt_serve.engine.runners.build import build_fast_runner
+from hymt_serve.engine.runners.fast import FastRunner
+from hymt_serve.engine.scheduler.loop import ADMIT_ROWS, ADMIT_WAIT_S, Scheduler
 from hymt_serve.ops.tiny_model import build_tiny_model, default_tokenizer_dir, random_7b_model
 from hymt_serve.request.languages import lookup
 from hymt_serve.request.prompts import build_prompt
-from hymt_serve.request.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "loadtest/serving"))

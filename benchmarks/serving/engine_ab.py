@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
-import hymt_serve.engine.scheduler as scheduler_module
-from hymt_serve.engine.runner import FastRunner
-from hymt_serve.engine.scheduler import Scheduler
-from hymt_serve.engine.types import GenerationResult
+import hymt_serve.engine.scheduler.loop as scheduler_module
+from hymt_serve.core.settings import Settings
+from hymt_serve.core.types import GenerationResult
+from hymt_serve.engine.runners.fast import FastRunner
+from hymt_serve.engine.scheduler.loop import Scheduler
 from hymt_serve.ops.tiny_model import default_tokenizer_dir
-from hymt_serve.request.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import (

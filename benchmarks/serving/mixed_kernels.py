@@ -34,9 +34,9 @@ from bench_decode import build_model, cuda_kernels
 from flops import bf16_matmul_rate, flops_per_token
 from step_ab import PROMPT, engine
 
-from hymt_serve.engine.inputs import PackedPrompts, packed_layout, pinned
-from hymt_serve.engine.prefill import MIXED_BUCKETS
-from hymt_serve.engine.runner import FastRunner
+from hymt_serve.engine.runners.fast import FastRunner
+from hymt_serve.engine.runners.inputs import PackedPrompts, packed_layout, pinned
+from hymt_serve.engine.runners.prefill import MIXED_BUCKETS
 
 TEMPLATE = 12  # prompt tokens already in the slot (the shared instruction template)
 LENGTH = 26  # prompt tokens of a sentence of the mix, template included

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hymt_serve.engine.loading import load_model
+from hymt_serve.core.settings import Settings
+from hymt_serve.engine.checkpoints.loading import load_model
 from hymt_serve.ops.tiny_model import build_tiny_model
-from hymt_serve.request.settings import Settings
 
 pytestmark = [
     pytest.mark.gpu,

@@ -10,17 +10,17 @@ import torch
 from runner_helpers import generate, teacher_forced_logits
 from transformers import GenerationConfig, PreTrainedModel
 
-from hymt_serve.engine.attention import (
+from hymt_serve.core.types import GenerationResult, GenerationRow, SamplingParams
+from hymt_serve.engine.kernels.attention import (
     _triton_decode_attention,
     prompt_attention,
     reference_decode_attention,
 )
-from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.inputs import PackedPrompts, packed_layout
-from hymt_serve.engine.model import packed_attention
-from hymt_serve.engine.runner import FastRunner
-from hymt_serve.engine.scheduler import Scheduler
-from hymt_serve.engine.types import GenerationResult, GenerationRow, SamplingParams
+from hymt_serve.engine.models.hunyuan_v1_dense import packed_attention
+from hymt_serve.engine.runners.build import build_fast_runner
+from hymt_serve.engine.runners.fast import FastRunner
+from hymt_serve.engine.runners.inputs import PackedPrompts, packed_layout
+from hymt_serve.engine.scheduler.loop import Scheduler
 from hymt_serve.ops.tiny_model import random_7b_model
 
 pytestmark = [

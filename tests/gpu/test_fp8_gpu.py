@@ -8,7 +8,7 @@ import torch
 from runner_helpers import against_unquantized
 from test_fast_engine_gpu import PROMPTS
 
-from hymt_serve.engine.quantized import linear, quantize_tensor
+from hymt_serve.engine.kernels.quantized import linear, quantize_tensor
 from hymt_serve.ops.tiny_model import random_7b_model
 
 pytestmark = [

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from runner_helpers import against_unquantized
 from test_fast_engine_gpu import PROMPTS
 
-from hymt_serve.engine import weight_only
-from hymt_serve.engine.model import rms_norm
-from hymt_serve.engine.quantized import QUANTIZERS
+from hymt_serve.engine.kernels import weight_only
+from hymt_serve.engine.kernels.quantized import QUANTIZERS
+from hymt_serve.engine.models.hunyuan_v1_dense import rms_norm
 from hymt_serve.ops.tiny_model import random_7b_model
 
 pytestmark = [
@@ -186,11 +186,11 @@ def test_a_7b_model_in_weight_only_form_stays_close_to_bf16(form: str, bound: fl
 
 
 def test_the_kernels_compiled_ahead_serve_every_row_count_with_no_compile_of_their_own() -> None:
-    """hymt_serve.engine.ahead: the launches a plan records over the row classes compile in
+    """hymt_serve.engine.kernels.ahead: the launches a plan records over the row classes compile in
     threads, and then products of any row count (of either form, one row's fp16 inputs
     included) launch what they compiled: Triton compiles nothing more, and nothing twice."""
-    from hymt_serve.engine import ahead, weight_only_pairs
-    from hymt_serve.engine import weight_only_kernels as kernels
+    from hymt_serve.engine.kernels import ahead, weight_only_pairs
+    from hymt_serve.engine.kernels import weight_only_triton as kernels
 
     torch.manual_seed(0)
     weights = [QUANTIZERS[f](torch.randn(384, 1024, device="cuda") / 50) for f in ("int8", "int4")]

@@ -10,7 +10,7 @@ from typing import Any
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.core.types import GenerationResult, GenerationRow, OnTokens
 from hymt_serve.request.errors import as_service_error
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import hunyuan_mt_handler
 from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.core.settings import Settings
 from hymt_serve.request.service import TranslationService
-from hymt_serve.request.settings import Settings
 
 SETTINGS: dict[str, Any] = {"model_path": "/unused", "max_new_tokens": 400}
 

@@ -11,13 +11,13 @@ import pytest
 from fakes import make_context, set_batch
 
 from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.core.settings import Settings
+from hymt_serve.core.types import GenerationRow, SamplingParams
 from hymt_serve.engine.codec import TokenCodec
 from hymt_serve.engine.engine import Engine, load_engine
-from hymt_serve.engine.types import GenerationRow, SamplingParams
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.request.prompts import build_prompt
-from hymt_serve.request.settings import Settings
 
 
 def load(model_dir: Path, **settings: Any) -> Engine:
@@ -61,7 +61,7 @@ def test_fast_engine_samples(tiny_model_dir: Path) -> None:
 def test_unsupported_model_falls_back_with_the_reason(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hymt_serve.engine import fast as fast_engine
+    from hymt_serve.engine.runners import build as fast_engine
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise fast_engine.UnsupportedModelError("test: not this model")

@@ -11,11 +11,11 @@ import torch
 from fakes import make_context, set_batch
 
 from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.core.settings import Settings
+from hymt_serve.core.types import GenerationRow
 from hymt_serve.engine.engine import Engine, load_engine
-from hymt_serve.engine.types import GenerationRow
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.request.prompts import build_prompt
-from hymt_serve.request.settings import Settings
 
 BOS, END_OF_USER_TURN = "<|startoftext|>", "<|extra_0|>"
 
@@ -190,7 +190,7 @@ def test_batched_greedy_equals_one_at_a_time(real_engine: Engine) -> None:
 
 
 def test_sampling_rows_run_beside_greedy_rows(real_engine: Engine) -> None:
-    from hymt_serve.engine.types import SamplingParams
+    from hymt_serve.core.types import SamplingParams
 
     ids = tuple(
         real_engine.encode_prompt(
@@ -239,7 +239,7 @@ def test_handler_end_to_end(real_tokenizer_model_dir: Path) -> None:
 def test_cpu_workers_share_the_cores(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Four workers on eight cores: two threads each, in the engine and its describe output
     (each taking all eight made two CPU workers several times slower, spinning for cores)."""
-    from hymt_serve.request import settings as settings_module
+    from hymt_serve.core import settings as settings_module
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(settings_module, "usable_cpus", lambda: 8)

@@ -11,8 +11,8 @@ from fakes import make_context, set_batch
 
 import hunyuan_mt_handler
 from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.core.settings import Settings
 from hymt_serve.engine.codec import TokenCodec
-from hymt_serve.request.settings import Settings
 from hymt_serve.request.streaming import IncrementalDecoder
 
 

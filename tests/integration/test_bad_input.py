@@ -340,10 +340,10 @@ def test_token_cases_straddle_the_limit(tiny_model_dir: Path) -> None:
     """The token-limit cases hold for the tokenizer the running tiny model was built with."""
     from transformers import AutoTokenizer
 
+    from hymt_serve.core.settings import Settings
     from hymt_serve.engine.codec import encode_user_turn
     from hymt_serve.request.families import detect_profile
     from hymt_serve.request.prompts import build_prompt
-    from hymt_serve.request.settings import Settings
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     english, french = lookup("en"), lookup("fr")

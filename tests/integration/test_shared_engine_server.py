@@ -29,7 +29,7 @@ def _engine_processes() -> dict[int, str]:
                 command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if "hymt_serve.engine.shared" in command:
+            if "hymt_serve.engine.process.shared" in command:
                 found[int(entry.name)] = command
     return found
 

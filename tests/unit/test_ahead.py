@@ -1,4 +1,4 @@
-"""Compiling the weight-only kernels ahead (hymt_serve.engine.ahead) without a GPU: what a
+"""Compiling the weight-only kernels ahead (hymt_serve.engine.kernels.ahead) without a GPU: what a
 plan records (Triton's real kernels, never launched: a launch would fail here), and the
 bookkeeping around the threads. On the GPU: tests/gpu/test_weight_only_gpu.py."""
 
@@ -14,8 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 import torch
 
-from hymt_serve.engine import ahead, weight_only
-from hymt_serve.engine.quantized import QUANTIZERS
+from hymt_serve.engine.kernels import ahead, weight_only
+from hymt_serve.engine.kernels.quantized import QUANTIZERS
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton")
 
@@ -54,7 +54,7 @@ def test_a_plan_records_one_launch_per_compile_and_runs_none(
 
 @needs_triton
 def test_the_rows_and_alignment_make_a_compile_only_where_triton_specialises() -> None:
-    from hymt_serve.engine import weight_only_kernels as kernels
+    from hymt_serve.engine.kernels import weight_only_triton as kernels
 
     kernel = kernels.sum_splits_kernel  # (parts, out, SIZE, SPLITS: not specialised)
     parts, out = torch.zeros(4, 64), torch.zeros(64, dtype=torch.bfloat16)
@@ -88,7 +88,7 @@ def test_a_kernel_that_failed_to_compile_ahead_is_logged_and_not_waited_for_agai
     done: Future[None] = Future()
     done.set_result(None)
     ahead._pending.extend([failed, done])
-    with caplog.at_level(logging.WARNING, logger="hymt_serve.engine.ahead"):
+    with caplog.at_level(logging.WARNING, logger="hymt_serve.engine.kernels.ahead"):
         ahead.wait_ahead()
     assert ahead._pending == []
     assert [r.exc_info[1] for r in caplog.records if r.exc_info] == [failed.exception()]
@@ -117,7 +117,7 @@ def test_a_failing_plan_costs_the_compiles_ahead_not_the_engine(
     def plan() -> None:
         raise ValueError("a weight the plan does not know")
 
-    logger = "hymt_serve.engine.ahead"
+    logger = "hymt_serve.engine.kernels.ahead"
     with (
         caplog.at_level(logging.ERROR, logger),
         ahead.compile_ahead(plan, torch.device("cuda")) as n,
@@ -138,8 +138,8 @@ def test_the_engines_plan_covers_every_launch_its_steps_make(
     from runner_helpers import generate
     from test_fast_engine import tiny_model
 
-    from hymt_serve.engine.fast import build_fast_runner
-    from hymt_serve.engine.types import GenerationRow
+    from hymt_serve.core.types import GenerationRow
+    from hymt_serve.engine.runners.build import build_fast_runner
 
     monkeypatch.setattr(weight_only, "kernel_available", lambda x: True)  # the kernels' path
     monkeypatch.setattr(weight_only, "bf16_pairs", lambda x: x.dtype == torch.bfloat16)

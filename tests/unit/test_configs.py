@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hymt_serve.core.settings import Settings
 from hymt_serve.ops.properties import read_properties
 from hymt_serve.request.metrics import DECLARED
-from hymt_serve.request.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 

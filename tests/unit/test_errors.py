@@ -102,13 +102,13 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     # The service: a text (or a document's segment) whose prompt is too long.
     ("hymt_serve/request/service.py", "_row", "PayloadTooLarge"): 413,
     # The engine: rows it cannot take, too many waiting, the engine process gone.
-    ("hymt_serve/engine/scheduler.py", "submit", "InvalidRequest"): 400,
-    ("hymt_serve/engine/jobs.py", "put", "Overloaded"): 503,
-    ("hymt_serve/engine/runner.py", "check", "PayloadTooLarge"): 413,
-    ("hymt_serve/engine/hf.py", "check", "PayloadTooLarge"): 413,
-    ("hymt_serve/engine/process.py", "submit", "Overloaded"): 503,
-    ("hymt_serve/engine/process.py", "describe_later", "Overloaded"): 503,
-    ("hymt_serve/engine/process.py", "_child_gone", "GenerationFailed"): 500,
+    ("hymt_serve/engine/scheduler/loop.py", "submit", "InvalidRequest"): 400,
+    ("hymt_serve/engine/scheduler/jobs.py", "put", "Overloaded"): 503,
+    ("hymt_serve/engine/runners/fast.py", "check", "PayloadTooLarge"): 413,
+    ("hymt_serve/engine/runners/hf_forward.py", "check", "PayloadTooLarge"): 413,
+    ("hymt_serve/engine/process/private.py", "submit", "Overloaded"): 503,
+    ("hymt_serve/engine/process/private.py", "describe_later", "Overloaded"): 503,
+    ("hymt_serve/engine/process/private.py", "_child_gone", "GenerationFailed"): 500,
     ("hunyuan_mt_handler.py", "_describe_async", "Overloaded"): 503,
     # The one translation of every other exception.
     ("hymt_serve/request/errors.py", "as_service_error", "OutOfMemory"): 507,

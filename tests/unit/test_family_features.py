@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from hymt_serve.core.settings import CHOICES, Settings
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 from hymt_serve.request.families import (
     CHIMERA,
@@ -21,7 +22,6 @@ from hymt_serve.request.families import (
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.request.prompts import PromptOptions, build_prompt
 from hymt_serve.request.protocol import parse_request
-from hymt_serve.request.settings import CHOICES, Settings
 
 L = LANGUAGES
 SETTINGS = Settings.from_mapping(

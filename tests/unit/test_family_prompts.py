@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from hymt_serve.core.settings import Settings
 from hymt_serve.request.errors import ConfigurationError, InvalidRequest, PayloadTooLarge
 from hymt_serve.request.families import HUNYUAN_MT_7B, HY_MT15, detect_profile
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.request.prompts import PromptOptions, build_prompt, relevant_terms
 from hymt_serve.request.protocol import parse_request
-from hymt_serve.request.settings import Settings
 
 L = LANGUAGES
 SETTINGS = Settings.from_mapping(

@@ -7,14 +7,14 @@ import torch
 from runner_helpers import generate, scheduler_for, teacher_forced_logits
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
-from hymt_serve.engine import fast as fast_module
-from hymt_serve.engine import model as step
-from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner, norms_fit_fp16
-from hymt_serve.engine.inputs import max_blocks, packed_layout, prompt_blocks
-from hymt_serve.engine.prefill import PREFILL_TOKENS
-from hymt_serve.engine.runner import FastRunner
-from hymt_serve.engine.types import GenerationRow, SamplingParams
-from hymt_serve.engine.weights import ModelShape
+from hymt_serve.core.types import GenerationRow, SamplingParams
+from hymt_serve.engine.models import hunyuan_v1_dense as step
+from hymt_serve.engine.models.weights import ModelShape
+from hymt_serve.engine.runners import build as fast_module
+from hymt_serve.engine.runners.build import UnsupportedModelError, build_fast_runner, norms_fit_fp16
+from hymt_serve.engine.runners.fast import FastRunner
+from hymt_serve.engine.runners.inputs import max_blocks, packed_layout, prompt_blocks
+from hymt_serve.engine.runners.prefill import PREFILL_TOKENS
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 
 PROMPTS = ((1, 17, 250, 33, 91, 402, 5), (1, 300, 12), (1, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53))

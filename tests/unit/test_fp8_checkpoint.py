@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from hymt_serve.engine import loading
+from hymt_serve.core.settings import Settings
+from hymt_serve.engine.checkpoints import loading
+from hymt_serve.engine.checkpoints.fp8 import fp8_scheme
 from hymt_serve.engine.engine import Engine, load_engine
-from hymt_serve.engine.fp8_checkpoint import fp8_scheme
-from hymt_serve.engine.quantized import FP8
+from hymt_serve.engine.kernels.quantized import FP8
 from hymt_serve.ops.quantize import quantization_config, write_fp8_checkpoint
 from hymt_serve.request.errors import ConfigurationError
-from hymt_serve.request.settings import Settings
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -87,7 +87,7 @@ def test_the_engine_serves_it_on_fp8_with_its_own_scales(
 
 
 def source_row(engine: Engine, text: str) -> Any:
-    from hymt_serve.engine.types import GenerationRow
+    from hymt_serve.core.types import GenerationRow
 
     return GenerationRow(tuple(engine.encode_prompt(text)), 8)
 

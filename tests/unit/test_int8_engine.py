@@ -8,7 +8,7 @@ import torch
 from runner_helpers import FORCED, against_unquantized
 from test_fast_engine import PROMPTS, tiny_model
 
-from hymt_serve.engine.quantized import linear, quantize_int8_rows
+from hymt_serve.engine.kernels.quantized import linear, quantize_int8_rows
 
 
 def test_rows_quantize_to_int8_within_half_a_step() -> None:

@@ -15,13 +15,13 @@ from test_fast_engine import hf_generate, tiny_model
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from hymt_serve.engine import prefill
-from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.inputs import PackedPrompts
-from hymt_serve.engine.prefill import MIXED_BUCKETS
-from hymt_serve.engine.runner import FastRunner
-from hymt_serve.engine.scheduler import Scheduler
-from hymt_serve.engine.types import GenerationRow
+from hymt_serve.core.types import GenerationRow
+from hymt_serve.engine.runners import prefill
+from hymt_serve.engine.runners.build import build_fast_runner
+from hymt_serve.engine.runners.fast import FastRunner
+from hymt_serve.engine.runners.inputs import PackedPrompts
+from hymt_serve.engine.runners.prefill import MIXED_BUCKETS
+from hymt_serve.engine.scheduler.loop import Scheduler
 from hymt_serve.request.errors import OutOfMemory
 
 RUNNING = ((1, 5, 9, 33, 2), (1, 7, 7, 7, 40, 41, 42))
@@ -242,7 +242,7 @@ def test_a_pass_beside_running_rows_keeps_to_the_runners_keys_and_rows(
 def test_packed_attention_equals_causal_attention_per_prompt(heads: int, kv_heads: int) -> None:
     """Two prompts packed end to end, keys padded past them: each query sees its own
     prompt's keys up to its position, with each key head shared by its group of query heads."""
-    from hymt_serve.engine.model import packed_attention
+    from hymt_serve.engine.models.hunyuan_v1_dense import packed_attention
 
     torch.manual_seed(0)
     lengths, dim, padded = (5, 3), 16, 11

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from hymt_serve.core.settings import Settings
 from hymt_serve.request import oip
 from hymt_serve.request.errors import InvalidRequest
 from hymt_serve.request.protocol import parse_request
-from hymt_serve.request.settings import Settings
 
 JSON_HEADERS = {"Content-Type": "application/json", "explain": "False"}
 

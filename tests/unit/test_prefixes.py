@@ -1,4 +1,4 @@
-"""Shared prompt prefixes computed once (:mod:`hymt_serve.engine.prefixes`): which prefixes
+"""Shared prompt prefixes computed once (:mod:`hymt_serve.engine.runners.prefixes`): which prefixes
 are kept, and that a prompt prefilled on a kept prefix gives the logits and the tokens of a
 full prefill (tiny random model, CPU, fp32: equal to rounding)."""
 
@@ -13,12 +13,12 @@ from test_fast_engine import hf_generate, tiny_model
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from hymt_serve.engine import prefill
-from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.inputs import PackedPrompts
-from hymt_serve.engine.prefixes import PrefixCache, common_length, copy_positions
-from hymt_serve.engine.runner import FastRunner
-from hymt_serve.engine.types import GenerationRow
+from hymt_serve.core.types import GenerationRow
+from hymt_serve.engine.runners import prefill
+from hymt_serve.engine.runners.build import build_fast_runner
+from hymt_serve.engine.runners.fast import FastRunner
+from hymt_serve.engine.runners.inputs import PackedPrompts
+from hymt_serve.engine.runners.prefixes import PrefixCache, common_length, copy_positions
 
 TEMPLATE = (1, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)  # 12 tokens every prompt starts with
 OTHER = (1, 9, 10, 11, 12, 13, 14, 15, 30, 31, 32, 33, 34)  # shares 8 tokens with TEMPLATE

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hymt_serve.engine.types import GenerationResult, SamplingParams
+from hymt_serve.core.settings import Settings
+from hymt_serve.core.types import GenerationResult, SamplingParams
 from hymt_serve.request.errors import (
     InvalidRequest,
     PayloadTooLarge,
@@ -19,7 +20,6 @@ from hymt_serve.request.errors import (
 )
 from hymt_serve.request.protocol import decode_body, parse_request
 from hymt_serve.request.replies import render_response
-from hymt_serve.request.settings import Settings
 
 SETTINGS = Settings.from_mapping(
     {

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from hymt_serve.core.settings import FLOAT_BOUNDS, INT_BOUNDS, SAMPLING_FLOATS, Settings
 from hymt_serve.request.errors import (
     InvalidRequest,
     PayloadTooLarge,
@@ -26,7 +27,6 @@ from hymt_serve.request.protocol import (
     decode_body,
     parse_request,
 )
-from hymt_serve.request.settings import FLOAT_BOUNDS, INT_BOUNDS, SAMPLING_FLOATS, Settings
 from hymt_serve.request.values import brief
 
 CAP, MAX_TEXTS, MAX_CHARS = 32, 3, 12

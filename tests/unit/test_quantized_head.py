@@ -13,14 +13,14 @@ import torch
 from runner_helpers import FORCED, against_unquantized
 from test_fast_engine import PROMPTS, tiny_model
 
+from hymt_serve.core.settings import Settings
+from hymt_serve.core.types import GenerationRow
 from hymt_serve.engine.engine import Engine, load_engine
-from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.quantized import FP8, QUANTIZERS
-from hymt_serve.engine.types import GenerationRow
-from hymt_serve.engine.weights import embed_tokens
+from hymt_serve.engine.kernels.quantized import FP8, QUANTIZERS
+from hymt_serve.engine.models.weights import embed_tokens
+from hymt_serve.engine.runners.build import build_fast_runner
 from hymt_serve.ops.quantize import write_fp8_checkpoint
 from hymt_serve.request.errors import ConfigurationError
-from hymt_serve.request.settings import Settings
 
 
 @pytest.mark.parametrize(

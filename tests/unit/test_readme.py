@@ -9,10 +9,10 @@ from typing import Any
 
 import yaml
 
+from hymt_serve.core.settings import Settings
 from hymt_serve.request import oip
 from hymt_serve.request.families import detect_profile
 from hymt_serve.request.protocol import parse_request
-from hymt_serve.request.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 # A curl to a model's predictions endpoint, then its -d '<json>' (the README's shell examples).

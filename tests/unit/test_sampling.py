@@ -26,14 +26,14 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from hymt_serve.engine.sampling import (
+from hymt_serve.core.types import GenerationRow, SamplingParams
+from hymt_serve.engine.scheduler.sampling import (
     RowSampling,
     SlotSampling,
     greedy_tokens,
     record_tokens,
     sample_next,
 )
-from hymt_serve.engine.types import GenerationRow, SamplingParams
 
 CPU = torch.device("cpu")
 # One step's logits over a small vocabulary: distinct values (no argmax or top-k ties), both

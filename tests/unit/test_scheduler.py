@@ -13,12 +13,12 @@ from runner_helpers import scheduler_for
 from test_fast_engine import hf_generate, tiny_model
 from transformers import PreTrainedModel
 
-from hymt_serve.engine.fast import build_fast_runner
-from hymt_serve.engine.hf import HFRunner
-from hymt_serve.engine.jobs import Readback
-from hymt_serve.engine.prefill import PREFILL_TOKENS
-from hymt_serve.engine.scheduler import Scheduler
-from hymt_serve.engine.types import FinishReason, GenerationResult, GenerationRow, SamplingParams
+from hymt_serve.core.types import FinishReason, GenerationResult, GenerationRow, SamplingParams
+from hymt_serve.engine.runners.build import build_fast_runner
+from hymt_serve.engine.runners.hf_forward import HFRunner
+from hymt_serve.engine.runners.prefill import PREFILL_TOKENS
+from hymt_serve.engine.scheduler.jobs import Readback
+from hymt_serve.engine.scheduler.loop import Scheduler
 from hymt_serve.request.errors import GenerationFailed, Overloaded, PayloadTooLarge
 
 PROMPTS = (

@@ -5,9 +5,9 @@ from typing import Any
 
 import pytest
 
-from hymt_serve.engine.types import SamplingParams
+from hymt_serve.core.settings import MODEL_PATH_ENV, Settings
+from hymt_serve.core.types import SamplingParams
 from hymt_serve.request.errors import ConfigurationError
-from hymt_serve.request.settings import MODEL_PATH_ENV, Settings
 
 
 def load(raw: dict[str, Any], env: dict[str, str] | None = None) -> Settings:
@@ -43,7 +43,7 @@ def test_choices_are_normalised() -> None:
 
 
 def test_the_blas_library_applies_on_cuda_only() -> None:
-    from hymt_serve.engine.loading import plan_load
+    from hymt_serve.engine.checkpoints.loading import plan_load
 
     settings = load({"model_path": "/m", "device": "cpu", "blas_library": "cublaslt"})
     assert plan_load(settings).describe()["blas_library"] == "none"
@@ -61,7 +61,7 @@ def test_auto_takes_the_plain_row_kernel_where_it_was_measured(
 ) -> None:
     """Hopper (9.x): the Triton kernel, faster than cuBLAS on an H200; elsewhere cuBLAS unless
     asked for."""
-    from hymt_serve.engine import loading
+    from hymt_serve.engine.checkpoints import loading
 
     monkeypatch.setattr(loading.torch.cuda, "get_device_capability", lambda device: capability)
     assert loading.one_row_kernel(setting, loading.torch.device("cuda", 0)) == resolved
@@ -136,7 +136,7 @@ def test_cpu_threads_share_the_cores_among_engines(
 ) -> None:
     """Auto (0): the usable cores over the engines, at least one each; a set count, or
     OMP_NUM_THREADS (then PyTorch's own choice, 0 here), stays."""
-    from hymt_serve.request import settings as module
+    from hymt_serve.core import settings as module
 
     monkeypatch.setattr(module, "usable_cpus", lambda: cores)
     settings = load({"model_path": "/m", **raw}).with_cpu_threads(engines, env)
@@ -151,7 +151,7 @@ def test_cpu_threads_share_the_cores_among_engines(
 def test_usable_cpus_follow_affinity_and_the_cgroup_quota(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpu_max: str | None, cores: int
 ) -> None:
-    from hymt_serve.request import settings as module
+    from hymt_serve.core import settings as module
 
     monkeypatch.setattr(module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     path = tmp_path / "cpu.max"
@@ -161,7 +161,7 @@ def test_usable_cpus_follow_affinity_and_the_cgroup_quota(
 
 
 def test_the_cpu_plan_sets_the_threads_it_reports() -> None:
-    from hymt_serve.engine.loading import plan_load
+    from hymt_serve.engine.checkpoints.loading import plan_load
 
     settings = load({"model_path": "/m", "device": "cpu", "cpu_threads": 3})
     assert plan_load(settings).describe()["cpu_threads"] == "3"

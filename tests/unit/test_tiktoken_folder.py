@@ -12,8 +12,8 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hymt_serve.engine.checkpoints.tiktoken_folder import PATTERN, RANKS_FILE, read_ranks
 from hymt_serve.engine.codec import TokenCodec, encode_user_turn, read_tokenizer
-from hymt_serve.engine.tiktoken_folder import PATTERN, RANKS_FILE, read_ranks
 from hymt_serve.ops.tiny_model import build_fallback_tokenizer, write_tiktoken_tokenizer
 from hymt_serve.request.errors import ConfigurationError
 
@@ -113,10 +113,10 @@ def test_broken_folders_are_configuration_errors(
 
 
 def test_a_tiny_model_in_that_shape_serves(tmp_path: Path) -> None:
+    from hymt_serve.core.settings import Settings
+    from hymt_serve.core.types import GenerationRow
     from hymt_serve.engine.engine import load_engine
-    from hymt_serve.engine.types import GenerationRow
     from hymt_serve.ops.tiny_model import build_tiny_model
-    from hymt_serve.request.settings import Settings
 
     model = build_tiny_model(tmp_path / "m", None, tokenizer_format="tiktoken")
     engine = load_engine(Settings.from_mapping({"model_path": str(model)}, environ={}))

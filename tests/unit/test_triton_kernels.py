@@ -18,9 +18,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 PROMPT = """
-from hymt_serve.engine.attention import prompt_attention
-from hymt_serve.engine.inputs import PackedPrompts, packed_layout
-from hymt_serve.engine.model import packed_attention
+from hymt_serve.engine.kernels.attention import prompt_attention
+from hymt_serve.engine.runners.inputs import PackedPrompts, packed_layout
+from hymt_serve.engine.models.hunyuan_v1_dense import packed_attention
 
 case = json.loads(sys.argv[1])
 heads, kv_heads, dim, slots, length = case["heads"], case["kv_heads"], 64, 6, 160
@@ -51,7 +51,7 @@ print(json.dumps({
 """
 
 DECODE = """
-from hymt_serve.engine.attention import (
+from hymt_serve.engine.kernels.attention import (
     _triton_decode_attention, num_splits, reference_decode_attention,
 )
 

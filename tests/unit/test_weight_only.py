@@ -14,8 +14,8 @@ from interpreter import run_interpreted
 from runner_helpers import FORCED, against_unquantized
 from test_fast_engine import PROMPTS, tiny_model
 
-from hymt_serve.engine import weight_only
-from hymt_serve.engine.quantized import quantize_int8_rows
+from hymt_serve.engine.kernels import weight_only
+from hymt_serve.engine.kernels.quantized import quantize_int8_rows
 
 
 def test_int4_packing_round_trips_every_nibble() -> None:
@@ -78,8 +78,8 @@ def test_an_int4_model_stays_close_to_the_unquantized_one() -> None:
 # computes in NumPy, which has no bf16). The GPU tests run the same code compiled.
 KERNEL_CHECK = textwrap.dedent(
     """
-    from hymt_serve.engine import weight_only as wo
-    from hymt_serve.engine.quantized import quantize_int8_rows
+    from hymt_serve.engine.kernels import weight_only as wo
+    from hymt_serve.engine.kernels.quantized import quantize_int8_rows
 
     torch.manual_seed(0)
     errors = []
@@ -132,8 +132,8 @@ def test_the_kernels_compute_the_reference_product_in_triton_s_interpreter() -> 
 # without masks (EVEN).
 INT8_ROW_CHECK = textwrap.dedent(
     """
-    from hymt_serve.engine import weight_only as wo
-    from hymt_serve.engine.quantized import quantize_int8_rows
+    from hymt_serve.engine.kernels import weight_only as wo
+    from hymt_serve.engine.kernels.quantized import quantize_int8_rows
 
     torch.manual_seed(0)
     found = []
@@ -164,8 +164,8 @@ def test_int8_s_one_row_on_cuda_cores_copies_or_falls_back_where_words_do_not_fi
 COMPILED_GRAPHS = textwrap.dedent(
     """
     import torch.nn.functional as F
-    from hymt_serve.engine import weight_only as wo
-    from hymt_serve.engine.quantized import QUANTIZERS
+    from hymt_serve.engine.kernels import weight_only as wo
+    from hymt_serve.engine.kernels.quantized import QUANTIZERS
 
     wo.kernel_available = lambda x: True  # the interpreter runs the kernels on CPU tensors
     found = {}
@@ -212,8 +212,8 @@ def test_int8_and_int4_compile_the_graphs_bf16_does_with_a_dynamic_batch() -> No
 PLAIN_ROW = textwrap.dedent(
     """
     import torch.nn.functional as F
-    from hymt_serve.engine import weight_only as wo
-    from hymt_serve.engine.quantized import linear
+    from hymt_serve.engine.kernels import weight_only as wo
+    from hymt_serve.engine.kernels.quantized import linear
 
     wo.kernel_available = lambda x: True  # the interpreter runs the kernels on CPU tensors
     torch.manual_seed(0)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import triton
 
-from hymt_serve.engine import attention
+from hymt_serve.engine.kernels import attention
 
 KV_HEADS, HEADS, DIM, MAX_LEN = 8, 32, 128, 1536  # the 7B; the GPU profile's 1,024 + 512 tokens
 CASES = [(1, 60), (64, 60), (128, 100), (256, 60), (64, 700)]  # (batch, live positions)

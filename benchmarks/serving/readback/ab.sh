@@ -6,8 +6,8 @@
 set -euo pipefail
 work=$(mktemp -d)
 cp -r handler "$work/every8"
-sed -i 's/^SYNC_EVERY = 1 /SYNC_EVERY = 8 /' "$work/every8/hymt_serve/engine/scheduler.py"
-grep -q '^SYNC_EVERY = 8 ' "$work/every8/hymt_serve/engine/scheduler.py"
+sed -i 's/^SYNC_EVERY = 1 /SYNC_EVERY = 8 /' "$work/every8/hymt_serve/engine/scheduler/loop.py"
+grep -q '^SYNC_EVERY = 8 ' "$work/every8/hymt_serve/engine/scheduler/loop.py"
 for pair in 1 2; do
   for tree in every1 every8; do
     handler=$PWD/handler

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from hymt_serve.engine.attention import decode_attention, prompt_attention
-from hymt_serve.engine.inputs import PackedPrompts, packed_layout
-from hymt_serve.engine.model import packed_attention
+from hymt_serve.engine.kernels.attention import decode_attention, prompt_attention
+from hymt_serve.engine.models.hunyuan_v1_dense import packed_attention
+from hymt_serve.engine.runners.inputs import PackedPrompts, packed_layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "decode"))
 from fp8_gemm import timed_graph

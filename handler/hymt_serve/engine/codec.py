@@ -14,14 +14,14 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hymt_serve.engine.tiktoken_folder import (
+from hymt_serve.core.settings import Settings
+from hymt_serve.core.types import FinishReason, GenerationResult
+from hymt_serve.engine.checkpoints.tiktoken_folder import (
     has_tiktoken_only,
     load_tiktoken_folder,
     names_remote_tokenizer,
 )
-from hymt_serve.engine.types import FinishReason, GenerationResult
 from hymt_serve.request.errors import ConfigurationError
-from hymt_serve.request.settings import Settings
 
 STOP_TOKENS = ("<|eos|>",)
 REPLACEMENT = "\ufffd"  # what decoding shows for the bytes of an incomplete character

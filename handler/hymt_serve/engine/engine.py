@@ -1,10 +1,11 @@
 """The engine: a loaded model behind one scheduler, entered through :meth:`Engine.submit`.
 
 :func:`load_engine` loads the model folder and its token codec and picks the runner: the fast
-engine (:mod:`hymt_serve.engine.fast`: static KV cache, CUDA graphs, continuous batching) where
-the model supports it, transformers' forward (:mod:`hymt_serve.engine.hf`) otherwise. Either
-way the same :class:`~hymt_serve.engine.scheduler.Scheduler` admits rows, steps, samples,
-stops and streams.
+engine (:mod:`hymt_serve.engine.runners.build`: static KV cache, CUDA graphs, continuous
+batching) where the model supports it, transformers' forward
+(:mod:`hymt_serve.engine.runners.hf_forward`) otherwise. Either way the same
+:class:`~hymt_serve.engine.scheduler.loop.Scheduler` admits rows, steps, samples, stops and
+streams.
 
 Use: ``submit(row, on_tokens) -> future`` for each row, then :meth:`Engine.run` (step on this
 thread until those futures are done) or :meth:`Engine.start` once (a serving thread steps:
@@ -19,20 +20,25 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from hymt_serve.engine.codec import TokenCodec
-from hymt_serve.engine.hf import HFRunner
-from hymt_serve.engine.loading import BITSANDBYTES, FAST_QUANTIZATION, LoadedModel, load_model
-from hymt_serve.engine.runners import Runner
-from hymt_serve.engine.scheduler import Scheduler
-from hymt_serve.engine.types import (
+from hymt_serve.core.settings import HEAD_QUANTIZATIONS, Settings
+from hymt_serve.core.types import (
     TINY_MODEL_MARKER,
     FinishReason,
     GenerationResult,
     GenerationRow,
     OnTokens,
 )
+from hymt_serve.engine.checkpoints.loading import (
+    BITSANDBYTES,
+    FAST_QUANTIZATION,
+    LoadedModel,
+    load_model,
+)
+from hymt_serve.engine.codec import TokenCodec
+from hymt_serve.engine.runners.hf_forward import HFRunner
+from hymt_serve.engine.runners.protocol import Runner
+from hymt_serve.engine.scheduler.loop import Scheduler
 from hymt_serve.request.errors import ConfigurationError
-from hymt_serve.request.settings import HEAD_QUANTIZATIONS, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +200,7 @@ def _pick_runner(
         return hf, "auto: no CUDA device"
     if plan.quantization in BITSANDBYTES:
         return hf, f"quantization {plan.quantization!r} (bitsandbytes weights)"
-    from hymt_serve.engine.fast import UnsupportedModelError, build_fast_runner
+    from hymt_serve.engine.runners.build import UnsupportedModelError, build_fast_runner
 
     try:
         runner: Runner = build_fast_runner(

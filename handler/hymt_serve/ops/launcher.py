@@ -26,8 +26,8 @@ from typing import Any
 
 import requests
 
-from hymt_serve.engine.shared import exists as alive
-from hymt_serve.engine.shared import stop_engines, terminate
+from hymt_serve.engine.process.shared import exists as alive
+from hymt_serve.engine.process.shared import stop_engines, terminate
 from hymt_serve.ops.frontend_guard import plugins_path
 from hymt_serve.ops.properties import read_properties, render_config, write_properties
 from hymt_serve.ops.runtime import LaunchError as LaunchError

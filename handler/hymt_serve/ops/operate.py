@@ -12,7 +12,7 @@ from typing import Any
 
 import requests
 
-from hymt_serve.engine.shared import exists as alive
+from hymt_serve.engine.process.shared import exists as alive
 from hymt_serve.ops.frontend_guard import URL_PATTERN
 from hymt_serve.ops.launcher import (
     LaunchError,

@@ -1,7 +1,7 @@
 """Quantized checkpoints in the formats Tencent publishes, written from a bf16 model folder:
 ``hymt quantize-fp8`` (the -fp8 models: AngelSlim's export, see
-:mod:`hymt_serve.engine.fp8_checkpoint`) and :func:`write_gptq_checkpoint` (the GPTQ-Int4
-models' layout, :mod:`hymt_serve.engine.gptq_checkpoint`; round-to-nearest, not GPTQ's
+:mod:`hymt_serve.engine.checkpoints.fp8`) and :func:`write_gptq_checkpoint` (the GPTQ-Int4
+models' layout, :mod:`hymt_serve.engine.checkpoints.gptq`; round-to-nearest, not GPTQ's
 error-compensating search: a writer of the format for tests, not a rival quantizer).
 
 Our own quantizer, following that format: every decoder projection's weight becomes
@@ -25,9 +25,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from hymt_serve.engine.fp8_checkpoint import PROJECTIONS
-from hymt_serve.engine.quantized import FP8_MAX, quantize_tensor
-from hymt_serve.engine.weight_only import pack_int4, quantize_int4_groups
+from hymt_serve.engine.checkpoints.fp8 import PROJECTIONS
+from hymt_serve.engine.kernels.quantized import FP8_MAX, quantize_tensor
+from hymt_serve.engine.kernels.weight_only import pack_int4, quantize_int4_groups
 
 IGNORED = ["lm_head", "model.embed_tokens"]
 # Sentences for calibration: the scales must cover the inputs translation prompts make.
@@ -133,10 +133,10 @@ def _calibrate(model: Any, prompts: Sequence[Sequence[int]]) -> dict[str, torch.
 
 def _prompts(source: Path) -> list[list[int]]:
     """The built-in sentences as served: the model card's prompt, then the chat template."""
+    from hymt_serve.core.settings import Settings
     from hymt_serve.engine.codec import TokenCodec
     from hymt_serve.request.languages import LANGUAGES
     from hymt_serve.request.prompts import build_prompt
-    from hymt_serve.request.settings import Settings
 
     codec = TokenCodec.load(Settings.from_mapping({"model_path": str(source)}, environ={}))
     return [

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hymt_serve.engine.types import TINY_MODEL_MARKER
+from hymt_serve.core.types import TINY_MODEL_MARKER
 from hymt_serve.request.languages import LANGUAGES
 
 TOKENIZER_ENV = "HYMT_TOKENIZER_DIR"
@@ -172,8 +172,8 @@ def build_tiny_model(
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from hymt_serve.engine.checkpoints.tiktoken_folder import load_tiktoken_folder
     from hymt_serve.engine.codec import read_tokenizer
-    from hymt_serve.engine.tiktoken_folder import load_tiktoken_folder
 
     tokenizer = read_tokenizer(tokenizer_dir) if tokenizer_dir else build_fallback_tokenizer()
     if tokenizer_format == "tiktoken":
@@ -221,7 +221,7 @@ def write_tiktoken_tokenizer(tokenizer: Any, out_dir: Path) -> None:
     ordinary tokens become ranks in id order, its added tokens follow them in id order."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    from hymt_serve.engine.tiktoken_folder import RANKS_FILE, write_ranks
+    from hymt_serve.engine.checkpoints.tiktoken_folder import RANKS_FILE, write_ranks
 
     to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
     added = dict(sorted(tokenizer.added_tokens_decoder.items()))

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hymt_serve.core.settings import Settings
 from hymt_serve.request.documents import FORMATS
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 from hymt_serve.request.families import Profile
 from hymt_serve.request.features import FEATURE_FIELDS
-from hymt_serve.request.settings import Settings
 from hymt_serve.request.values import brief, flag, is_unicode
 
 DOCUMENT_FIELDS = ("document", "format", "previous_context")

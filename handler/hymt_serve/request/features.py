@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hymt_serve.core.settings import Settings
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 from hymt_serve.request.families import FEATURE_TEMPLATES, Profile
 from hymt_serve.request.prompts import GlossaryPair, PromptOptions
-from hymt_serve.request.settings import Settings
 
 FEATURE_FIELDS = tuple(FEATURE_TEMPLATES)
 MARKUP_KINDS = ("tags", "markdown", "html")

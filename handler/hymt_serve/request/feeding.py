@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from hymt_serve.engine.types import GenerationResult, GenerationRow
+from hymt_serve.core.types import GenerationResult, GenerationRow
 from hymt_serve.request.errors import ServiceError, as_service_error
 
 

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hymt_serve.engine.types import SamplingParams
+from hymt_serve.core.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
+from hymt_serve.core.types import SamplingParams
 from hymt_serve.request.document_fields import DOCUMENT_FIELDS, DocumentInput, parse_document
 from hymt_serve.request.errors import (
     InvalidRequest,
@@ -37,7 +38,6 @@ from hymt_serve.request.errors import (
 from hymt_serve.request.families import HUNYUAN_MT_7B, Profile
 from hymt_serve.request.features import FEATURE_FIELDS, Features, parse_features
 from hymt_serve.request.languages import SUPPORTED_CODES, Language, lookup
-from hymt_serve.request.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
 from hymt_serve.request.values import brief, flag, is_unicode
 
 ALIASES = {"src_lang": "source_lang", "tgt_lang": "target_lang"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hymt_serve.engine.types import GenerationResult
+from hymt_serve.core.types import GenerationResult
 from hymt_serve.request.documents import Document
 from hymt_serve.request.markup import Markup, restore, unwrap_target
 from hymt_serve.request.prompts import Template

@@ -20,7 +20,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.core.settings import Settings
+from hymt_serve.core.types import GenerationResult, GenerationRow, OnTokens
 from hymt_serve.request.document_fields import DocumentInput
 from hymt_serve.request.documents import MARKUP_KIND, Document, split_document
 from hymt_serve.request.errors import PayloadTooLarge, ServiceError, as_service_error
@@ -31,7 +32,6 @@ from hymt_serve.request.metrics import NullRecorder, Recorder
 from hymt_serve.request.prompts import PromptOptions, Template, build_prompt
 from hymt_serve.request.protocol import TranslationRequest, parse_request
 from hymt_serve.request.replies import render_response
-from hymt_serve.request.settings import Settings
 from hymt_serve.request.streaming import DeltaStream
 
 logger = logging.getLogger(__name__)

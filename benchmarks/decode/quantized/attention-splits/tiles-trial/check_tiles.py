@@ -7,8 +7,8 @@ check_tiles.txt was made)::
 
 import torch
 
-from hymt_serve.engine import weight_only as wo
-from hymt_serve.engine.quantized import QUANTIZERS
+from hymt_serve.engine.kernels import weight_only as wo
+from hymt_serve.engine.kernels.quantized import QUANTIZERS
 
 torch.manual_seed(0)
 TILES = [wo.Config(1, 32, 128, 1, 1, 1024), wo.Config(1, 64, 128, 2, 1, 512)]

@@ -1,5 +1,6 @@
 """int4's one row with bf16 inputs, two products per instruction (``fma.bf16x2``): the Triton
-code of :mod:`hymt_serve.engine.weight_only`'s one-row int4 path on GPUs of compute capability
+code of :mod:`hymt_serve.engine.kernels.weight_only`'s one-row int4 path on GPUs of compute
+capability
 8.0 and later.
 
 - ``int4_chain_kernel``: the engine's kernel. Each thread holds a few columns and walks the
@@ -24,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hymt_serve.engine import ahead
-from hymt_serve.engine.weight_forms import out_features
+from hymt_serve.engine.kernels import ahead
+from hymt_serve.engine.kernels.weight_forms import out_features
 
 try:
     import triton

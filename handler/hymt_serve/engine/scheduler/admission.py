@@ -1,7 +1,8 @@
 """How rows get into the running batch, a part of
-:class:`~hymt_serve.engine.scheduler.Scheduler` (its attributes below).
+:class:`~hymt_serve.engine.scheduler.loop.Scheduler` (its attributes below).
 
-With a :class:`~hymt_serve.engine.runners.MixingRunner` (the fast engine) admission rides in
+With a :class:`~hymt_serve.engine.runners.protocol.MixingRunner` (the fast engine) admission rides
+in
 the decode step: each pass takes prompt chunks within a token budget, decode first (the
 running rows always step), rows part-way through a long prompt before waiting ones; a row
 whose prompt is complete samples its first token and joins the batch. A failing pass fails
@@ -25,18 +26,18 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.inputs import to_device
-from hymt_serve.engine.jobs import Job, WaitingLine
-from hymt_serve.engine.runners import MixingRunner, Runner
-from hymt_serve.engine.slots import SlotState
-from hymt_serve.engine.types import GenerationRow
+from hymt_serve.core.types import GenerationRow
+from hymt_serve.engine.runners.inputs import to_device
+from hymt_serve.engine.runners.protocol import MixingRunner, Runner
+from hymt_serve.engine.scheduler.jobs import Job, WaitingLine
+from hymt_serve.engine.scheduler.slots import SlotState
 from hymt_serve.request.errors import as_service_error
 
 logger = logging.getLogger(__name__)
 
 
 class Admission:
-    """Admission for :class:`~hymt_serve.engine.scheduler.Scheduler`."""
+    """Admission for :class:`~hymt_serve.engine.scheduler.loop.Scheduler`."""
 
     _runner: Runner
     _mixer: MixingRunner | None

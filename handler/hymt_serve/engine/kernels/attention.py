@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from hymt_serve.engine.inputs import PROMPT_BLOCK
+from hymt_serve.engine.runners.inputs import PROMPT_BLOCK
 
 try:
     import triton
@@ -164,7 +164,7 @@ def prompt_attention(
 ) -> torch.Tensor:
     """Causal attention of packed prompt tokens over their own slots, whose keys and values
     (the tokens' own included) are in the cache already: q ``[N, H, D]``, ``positions [N]``,
-    ``blocks [4, B]`` (:func:`~hymt_serve.engine.inputs.prompt_blocks`) -> ``[N, H, D]``.
+    ``blocks [4, B]`` (:func:`~hymt_serve.engine.runners.inputs.prompt_blocks`) -> ``[N, H, D]``.
 
     One program per (block of up to 16 tokens of one prompt, KV head) holds the block's
     tokens times the group's query heads as the rows of one tile and reads the slot's keys

@@ -13,7 +13,8 @@ dtype); embeddings, norms and ``lm_head`` stay bf16 and are listed as not quanti
 
 Loading: transformers reads the checkpoint with its ``quantization_config`` removed, which puts
 each FP8 weight into the model's dtype exactly (every e4m3 value is a bf16 value); the fast
-engine turns those back into e4m3 (:func:`hymt_serve.engine.weights.extract_weights`) with the
+engine turns those back into e4m3 (:func:`hymt_serve.engine.models.weights.extract_weights`) with
+the
 scales read here. Anything else under ``quantization_config`` is refused by name.
 """
 

@@ -1,4 +1,4 @@
-"""The Triton kernels of :mod:`hymt_serve.engine.weight_only` (that module says what each
+"""The Triton kernels of :mod:`hymt_serve.engine.kernels.weight_only` (that module says what each
 weight form is and when each kernel runs):
 
 - ``weight_only_kernel``: tiles of rows on tensor cores, fp32 partial products per split (a
@@ -36,10 +36,10 @@ if triton is not None:
     COMPILED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
     # int4's bf16 pair arithmetic (int4_row's tile, and the helpers the benchmarks use)
-    from hymt_serve.engine.weight_only_pairs import bf16x2_step as bf16x2_step
-    from hymt_serve.engine.weight_only_pairs import high_halves as high_halves
-    from hymt_serve.engine.weight_only_pairs import int4_bf16x2 as int4_bf16x2
-    from hymt_serve.engine.weight_only_pairs import low_halves as low_halves
+    from hymt_serve.engine.kernels.weight_only_pairs import bf16x2_step as bf16x2_step
+    from hymt_serve.engine.kernels.weight_only_pairs import high_halves as high_halves
+    from hymt_serve.engine.kernels.weight_only_pairs import int4_bf16x2 as int4_bf16x2
+    from hymt_serve.engine.kernels.weight_only_pairs import low_halves as low_halves
 
     @triton.jit  # type: ignore[untyped-decorator]
     def int4_block(  # type: ignore[no-untyped-def]

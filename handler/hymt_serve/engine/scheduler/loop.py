@@ -23,7 +23,8 @@ admitting never waits for the device, so the GPU is not left idle while the host
 bookkeeping. A row that reaches its length (which the host knows) leaves the batch as soon as
 the read-back that holds its last token is queued, and that read-back delivers it. The runner
 (:class:`Runner`: the fast engine's or transformers') owns the cache and the forward;
-:class:`~hymt_serve.engine.slots.SlotState` samples and records. A failure fails the rows it
+:class:`~hymt_serve.engine.scheduler.slots.SlotState` samples and records. A failure fails the rows
+it
 touched (as :func:`~hymt_serve.request.errors.as_service_error` says); the scheduler goes on.
 """
 
@@ -41,19 +42,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.admission import Admission
-from hymt_serve.engine.inputs import to_device
-from hymt_serve.engine.jobs import Job, Readback, WaitingLine
-from hymt_serve.engine.runner import STEP_HEADROOM
-from hymt_serve.engine.runners import MixingRunner, RecordingRunner, Runner
-from hymt_serve.engine.slots import SlotState
-from hymt_serve.engine.types import (
+from hymt_serve.core.types import (
     FinishReason,
     GenerationResult,
     GenerationRow,
     OnTokens,
     cut_at_stop,
 )
+from hymt_serve.engine.runners.fast import STEP_HEADROOM
+from hymt_serve.engine.runners.inputs import to_device
+from hymt_serve.engine.runners.protocol import MixingRunner, RecordingRunner, Runner
+from hymt_serve.engine.scheduler.admission import Admission
+from hymt_serve.engine.scheduler.jobs import Job, Readback, WaitingLine
+from hymt_serve.engine.scheduler.slots import SlotState
 from hymt_serve.request.errors import InvalidRequest
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ match transformers' to rounding; the unit tests check that.
 
 The decode step is three functions (``first``, ``middle``, ``last``) that take weights as
 arguments, so one compiled version serves all layers; attention sits between them, outside
-the compiled code (:mod:`hymt_serve.engine.attention`).
+the compiled code (:mod:`hymt_serve.engine.kernels.attention`).
 """
 
 from __future__ import annotations
@@ -22,21 +22,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hymt_serve.engine.attention import (
+from hymt_serve.engine.kernels.attention import (
     PROMPT_KERNEL,
     decode_attention,
     prompt_attention,
     prompt_kernel_name,
 )
-from hymt_serve.engine.inputs import PackedPrompts
-from hymt_serve.engine.quantized import linear
-from hymt_serve.engine.weights import (
+from hymt_serve.engine.kernels.quantized import linear
+from hymt_serve.engine.models.weights import (
     LAYER_TENSORS,
     LayerWeights,
     ModelShape,
     ModelWeights,
     embed_tokens,
 )
+from hymt_serve.engine.runners.inputs import PackedPrompts
 
 
 def rope_tables(inv_freq: Tensor, length: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

@@ -2,7 +2,7 @@
 scaled by a checkpoint's static scale or per token, on FP8 tensor cores), int8 weight-only (a
 scale per output row) and int4 weight-only (GPTQ's packing, a scale per 128 inputs), the
 product that runs each, and taking an FP8 checkpoint's weights with their own scales
-(:mod:`hymt_serve.engine.fp8_checkpoint`).
+(:mod:`hymt_serve.engine.checkpoints.fp8`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hymt_serve.engine import weight_forms, weight_only
-from hymt_serve.engine.fp8_checkpoint import Fp8Scales
+from hymt_serve.engine.checkpoints.fp8 import Fp8Scales
+from hymt_serve.engine.kernels import weight_forms, weight_only
 
 Int4Parts = dict[str, tuple[Tensor, Tensor]]  # module name -> packed weight, scales and zeros
 
@@ -43,9 +43,9 @@ def linear(
     x: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor, fits_fp16: bool = False
 ) -> Tensor:
     """``x @ weight.T`` for a plain weight (one row of it on CUDA in the tiled weight-only
-    kernel, :func:`~hymt_serve.engine.weight_only.plain_row`), on FP8 tensor cores for an e4m3
-    one, and in the weight-only kernel (:mod:`hymt_serve.engine.weight_only`) for int8 and int4
-    ones.
+    kernel, :func:`~hymt_serve.engine.kernels.weight_only.plain_row`), on FP8 tensor cores for an
+    e4m3 one, and in the weight-only kernel (:mod:`hymt_serve.engine.kernels.weight_only`) for
+    int8 and int4 ones.
 
     FP8 (tensor-wise weights, as the published FP8 checkpoints are): ``weight_scale`` is one
     value, and ``x`` is quantized to e4m3 with ``input_scale`` (static, one value) or, when

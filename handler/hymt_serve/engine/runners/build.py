@@ -1,9 +1,9 @@
 """The fast engine for ``hunyuan_v1_dense``: whether a loaded model can run on it, and building
-its :class:`~hymt_serve.engine.runner.FastRunner` (static KV cache sized to the free device
+its :class:`~hymt_serve.engine.runners.fast.FastRunner` (static KV cache sized to the free device
 memory, inductor-compiled step functions, CUDA graphs for decode and prefill).
 
 The runner reuses the HF model's weight tensors (q/k/v and gate/up are fused in place, see
-:func:`hymt_serve.engine.weights.fuse_linears`), so the model costs its weights once.
+:func:`hymt_serve.engine.models.weights.fuse_linears`), so the model costs its weights once.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from hymt_serve.engine.attention import TRITON_KERNEL, kernel_name
-from hymt_serve.engine.fp8_checkpoint import Fp8Scales
-from hymt_serve.engine.prefill import MIXED_TOKENS, PREFIX_TOKENS
-from hymt_serve.engine.quantized import Int4Parts
-from hymt_serve.engine.runner import STEP_HEADROOM, FastRunner
-from hymt_serve.engine.weights import ModelShape, extract_weights
+from hymt_serve.engine.checkpoints.fp8 import Fp8Scales
+from hymt_serve.engine.kernels.attention import TRITON_KERNEL, kernel_name
+from hymt_serve.engine.kernels.quantized import Int4Parts
+from hymt_serve.engine.models.weights import ModelShape, extract_weights
+from hymt_serve.engine.runners.fast import STEP_HEADROOM, FastRunner
+from hymt_serve.engine.runners.prefill import MIXED_TOKENS, PREFIX_TOKENS
 from hymt_serve.request.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def build_fast_runner(
     (both weight-only); ``int4`` (a GPTQ checkpoint's projections) replaces the model's
     dequantized ones. ``quantize_head`` quantizes the LM head like the projections (fp8 or
     int8 only). ``prefix_entries`` prompt prefixes are kept for reuse (0: none; see
-    :mod:`hymt_serve.engine.prefixes`); their memory comes out of the KV cache's share.
+    :mod:`hymt_serve.engine.runners.prefixes`); their memory comes out of the KV cache's share.
     ``mixed_tokens`` prompt tokens may ride in each decode step (chunks of the prompts that
     join; 0: rows join between steps, their prefill stalling the batch).
     Raises :class:`UnsupportedModelError` if the model cannot run here (or no row fits).

@@ -13,7 +13,7 @@ held fail with 500, new ones get 503 while a new child loads, and the worker car
 if the new child cannot start does the worker exit (TorchServe then starts a new worker).
 
 With ``share_engine: true`` the workers of one GPU share one engine process instead, over a
-Unix socket with the same messages (:mod:`hymt_serve.engine.shared`); when it dies, each
+Unix socket with the same messages (:mod:`hymt_serve.engine.process.shared`); when it dies, each
 worker connects again, and the first one starts a new engine.
 """
 
@@ -36,8 +36,9 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
+from hymt_serve.core.settings import Settings
+from hymt_serve.core.types import GenerationResult, GenerationRow, OnTokens
 from hymt_serve.engine.codec import TokenCodec
-from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
 from hymt_serve.request.errors import (
     ConfigurationError,
     GenerationFailed,
@@ -45,7 +46,6 @@ from hymt_serve.request.errors import (
     ServiceError,
     as_service_error,
 )
-from hymt_serve.request.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class EngineClient:
         """Start the child (or, shared, connect to the GPU's engine process) and wait until
         its engine is ready; ConfigurationError if not."""
         if self.settings.share_engine:
-            from hymt_serve.engine.shared import connect
+            from hymt_serve.engine.process.shared import connect
 
             self._conn, ready = connect(*self._child_args, start_timeout=START_TIMEOUT_S)
             self._process = _SharedProcess(int(ready.facts.get("pid", 0)))
@@ -204,7 +204,7 @@ class EngineClient:
         """Stop the child (tests and shutdown)."""
         self._closing = True
         if self.settings.share_engine:  # the engine stays for the GPU's other workers
-            from hymt_serve.engine.shared import hang_up
+            from hymt_serve.engine.process.shared import hang_up
 
             hang_up(self._conn)
             return

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.core.types import GenerationResult, GenerationRow, OnTokens
 from hymt_serve.request.errors import Overloaded
 
 IDLE_POLL_S = 0.5  # how long an idle stepping thread waits for an arrival per round

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.inputs import to_device
+from hymt_serve.engine.runners.inputs import to_device
 
 RECENT_PER_START = 8  # recent prompts compared with, per group of prompts with one beginning
 MAX_STARTS = 256  # groups remembered

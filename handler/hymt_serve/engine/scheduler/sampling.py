@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.inputs import to_device
-from hymt_serve.engine.types import GenerationRow, SamplingParams
+from hymt_serve.core.types import GenerationRow, SamplingParams
+from hymt_serve.engine.runners.inputs import to_device
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ Two weight forms, two Triton kernels:
   points; ``w = scale * (q - zero)`` for the group ``in // group_size`` (GPTQ-Int4
   checkpoints with static groups, and ``quantization: int4``).
 
-(The forms' packing, quantizing and reference arithmetic: :mod:`hymt_serve.engine.weight_forms`.)
+(The forms' packing, quantizing and reference arithmetic:
+:mod:`hymt_serve.engine.kernels.weight_forms`.)
 
 The kernel tiles the output columns and splits the input dimension so that even a
 4,096-column product fills the GPU, widens each weight tile to the input's dtype, multiplies
@@ -23,7 +24,7 @@ bf16 inputs ``weight_only_pairs.int4_chain_kernel``, two products per ``fma.bf16
 instruction).
 One row of a plain bf16/fp16 product runs in the tiled kernel too (:func:`plain_row`): it
 reads the weights faster than cuBLAS does at one row.
-The kernels' code is in :mod:`hymt_serve.engine.weight_only_kernels`.
+The kernels' code is in :mod:`hymt_serve.engine.kernels.weight_only_triton`.
 
 They run as custom ops, so that compiled step functions carry them: ``hymt::weight_only``
 for int8 and for int4's one row (partial sums out, summed and scaled inside the next kernel
@@ -43,24 +44,24 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from hymt_serve.engine import ahead
-from hymt_serve.engine import weight_only_kernels as kernels
+from hymt_serve.engine.kernels import ahead
+from hymt_serve.engine.kernels import weight_only_triton as kernels
 
 # The weight forms and their reference arithmetic live in weight_forms; named here too, as
 # the kernels' callers and tests have always found them.
-from hymt_serve.engine.weight_forms import INT4 as INT4
-from hymt_serve.engine.weight_forms import INT8 as INT8
-from hymt_serve.engine.weight_forms import PLAIN as PLAIN
-from hymt_serve.engine.weight_forms import dequantize as dequantize
-from hymt_serve.engine.weight_forms import in_features as in_features
-from hymt_serve.engine.weight_forms import kind_of as kind_of
-from hymt_serve.engine.weight_forms import out_features as out_features
-from hymt_serve.engine.weight_forms import pack_int4 as pack_int4
-from hymt_serve.engine.weight_forms import quantize_int4_groups as quantize_int4_groups
-from hymt_serve.engine.weight_forms import reference as reference
-from hymt_serve.engine.weight_forms import shape_of as shape_of
-from hymt_serve.engine.weight_forms import unpack_int4 as unpack_int4
-from hymt_serve.engine.weight_only_pairs import launch_chain as launch_chain
+from hymt_serve.engine.kernels.weight_forms import INT4 as INT4
+from hymt_serve.engine.kernels.weight_forms import INT8 as INT8
+from hymt_serve.engine.kernels.weight_forms import PLAIN as PLAIN
+from hymt_serve.engine.kernels.weight_forms import dequantize as dequantize
+from hymt_serve.engine.kernels.weight_forms import in_features as in_features
+from hymt_serve.engine.kernels.weight_forms import kind_of as kind_of
+from hymt_serve.engine.kernels.weight_forms import out_features as out_features
+from hymt_serve.engine.kernels.weight_forms import pack_int4 as pack_int4
+from hymt_serve.engine.kernels.weight_forms import quantize_int4_groups as quantize_int4_groups
+from hymt_serve.engine.kernels.weight_forms import reference as reference
+from hymt_serve.engine.kernels.weight_forms import shape_of as shape_of
+from hymt_serve.engine.kernels.weight_forms import unpack_int4 as unpack_int4
+from hymt_serve.engine.kernels.weight_only_pairs import launch_chain as launch_chain
 
 try:
     import triton
@@ -133,7 +134,7 @@ INT4_TALL_CONFIG = Config(128, 64, 64, 8, 3, 264)  # more than INT4_TALL_ROWS ro
 DEEP_ROWS = 256
 # A row count of each class the kernels' configs tell apart (one, few, the many-rows tiles of
 # 32, 64 and 128 rows, int4's tall tiles, widened above DEEP_ROWS): the rows with which the
-# engine compiles its kernels ahead (hymt_serve.engine.ahead).
+# engine compiles its kernels ahead (hymt_serve.engine.kernels.ahead).
 ROW_CLASSES = (1, 2, 32, 64, 128, 2 * DEEP_ROWS)
 
 

@@ -7,7 +7,7 @@
 - ``PLAIN``: a weight in the activations' dtype.
 
 Packing, quantizing to int4, dequantizing, and the product from the dequantized weight that the
-kernels (:mod:`hymt_serve.engine.weight_only`) are held to and that serves off CUDA.
+kernels (:mod:`hymt_serve.engine.kernels.weight_only`) are held to and that serves off CUDA.
 """
 
 from __future__ import annotations

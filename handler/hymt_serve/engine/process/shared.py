@@ -23,7 +23,7 @@ the worker that started it may be gone, and a pipe that nobody reads would stall
 stop`` stops it after TorchServe; otherwise it exits once no worker has been connected for
 ``HYMT_SHARED_ENGINE_IDLE_S`` seconds (30).
 
-The messages are the pipe's (:mod:`hymt_serve.engine.process`), one connection per worker.
+The messages are the pipe's (:mod:`hymt_serve.engine.process.private`), one connection per worker.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
+from hymt_serve.core.settings import Settings
 from hymt_serve.request.errors import ConfigurationError
-from hymt_serve.request.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def _start(folder: Path, arguments: tuple[Any, ...], timeout: float) -> None:
     socket_path(folder).unlink(missing_ok=True)
     with (folder / "engine.log").open("ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "hymt_serve.engine.shared", str(folder)],
+            [sys.executable, "-m", "hymt_serve.engine.process.shared", str(folder)],
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -284,7 +284,7 @@ def serve(folder: Path) -> None:
 
 
 def _serve_worker(conn: Connection, engine: Any, workers: _Workers) -> None:
-    from hymt_serve.engine.process import serve_connection
+    from hymt_serve.engine.process.private import serve_connection
 
     try:
         serve_connection(conn, engine)

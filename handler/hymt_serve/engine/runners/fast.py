@@ -25,10 +25,12 @@ import torch
 from torch import Tensor
 from torch.cuda import CUDAGraph
 
-from hymt_serve.engine import ahead, quantized, weight_only
-from hymt_serve.engine.attention import kernel_name, num_splits, prompt_kernel_name
-from hymt_serve.engine.model import forward_pass, make_step_functions, rope_tables
-from hymt_serve.engine.prefill import (
+from hymt_serve.core.types import GenerationRow
+from hymt_serve.engine.kernels import ahead, quantized, weight_only
+from hymt_serve.engine.kernels.attention import kernel_name, num_splits, prompt_kernel_name
+from hymt_serve.engine.models.hunyuan_v1_dense import forward_pass, make_step_functions, rope_tables
+from hymt_serve.engine.models.weights import ModelShape, ModelWeights
+from hymt_serve.engine.runners.prefill import (
     MIXED_KEYS,
     MIXED_ROWS,
     MIXED_TOKENS,
@@ -36,9 +38,7 @@ from hymt_serve.engine.prefill import (
     PackedPrefill,
     side_stream,
 )
-from hymt_serve.engine.runners import Recorder
-from hymt_serve.engine.types import GenerationRow
-from hymt_serve.engine.weights import ModelShape, ModelWeights
+from hymt_serve.engine.runners.protocol import Recorder
 from hymt_serve.request.errors import PayloadTooLarge
 
 logger = logging.getLogger(__name__)

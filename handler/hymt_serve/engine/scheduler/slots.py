@@ -13,15 +13,15 @@ from collections.abc import Collection, Sequence
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.inputs import to_device
-from hymt_serve.engine.sampling import (
+from hymt_serve.core.types import GenerationRow
+from hymt_serve.engine.runners.inputs import to_device
+from hymt_serve.engine.scheduler.sampling import (
     RowSampling,
     SlotSampling,
     greedy_tokens,
     record_tokens,
     sample_next,
 )
-from hymt_serve.engine.types import GenerationRow
 
 
 class SlotState:

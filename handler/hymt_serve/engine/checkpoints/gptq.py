@@ -13,7 +13,7 @@ and ``g_idx`` (int32 ``[in]``: the group of each input column; with static group
 
 Loading dequantizes each projection into the model (what transformers' forward serves when
 the fast engine is not used) and keeps it in the weight-only kernel's int4 form
-(:mod:`hymt_serve.engine.weight_only`: the packed ``qweight`` as it is, fp16 scales and zero
+(:mod:`hymt_serve.engine.kernels.weight_only`: the packed ``qweight`` as it is, fp16 scales and zero
 points ``[2, groups, out]``), which the fast engine takes instead, releasing the dequantized
 copy. A projection whose ``g_idx`` is not ``column // group_size`` (act-order without static
 groups) keeps the dequantized path.
@@ -28,7 +28,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor, nn
 
-from hymt_serve.engine.weight_only import unpack_int4
+from hymt_serve.engine.kernels.weight_only import unpack_int4
 from hymt_serve.request.errors import ConfigurationError
 
 SUPPORTED = "GPTQ 4-bit, symmetric, group_size 128 or -1, checkpoint_format gptq (v1)"

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hymt_serve.engine import weight_only
-from hymt_serve.engine.fp8_checkpoint import Fp8Scales
-from hymt_serve.engine.quantized import (
+from hymt_serve.engine.checkpoints.fp8 import Fp8Scales
+from hymt_serve.engine.kernels import weight_only
+from hymt_serve.engine.kernels.quantized import (
     FP8,
     QUANTIZERS,
     Int4Parts,

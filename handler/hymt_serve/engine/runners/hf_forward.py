@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from hymt_serve.engine.types import GenerationRow
+from hymt_serve.core.types import GenerationRow
 from hymt_serve.request.errors import PayloadTooLarge
 
 

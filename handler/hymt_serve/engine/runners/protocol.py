@@ -1,7 +1,7 @@
 """What the scheduler asks of a runner: the fast engine's
-(:class:`~hymt_serve.engine.runner.FastRunner`) or transformers' forward
-(:class:`~hymt_serve.engine.hf.HFRunner`), and what the fast engine's can do besides (mixed
-steps, recorded greedy steps)."""
+(:class:`~hymt_serve.engine.runners.fast.FastRunner`) or transformers' forward
+(:class:`~hymt_serve.engine.runners.hf_forward.HFRunner`), and what the fast engine's can do
+besides (mixed steps, recorded greedy steps)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.types import GenerationRow
+from hymt_serve.core.types import GenerationRow
 
 
 class Runner(Protocol):
-    """What the scheduler drives: :class:`~hymt_serve.engine.runner.FastRunner`, or
-    transformers' forward (:class:`~hymt_serve.engine.hf.HFRunner`). Rows live in slots
-    ``0..max_batch_size-1``; the *batch* is the rows being decoded, in batch positions."""
+    """What the scheduler drives: :class:`~hymt_serve.engine.runners.fast.FastRunner`,
+    or transformers' forward (:class:`~hymt_serve.engine.runners.hf_forward.HFRunner`). Rows live
+    in slots ``0..max_batch_size-1``; the *batch* is the rows being decoded, in batch positions."""
 
     max_batch_size: int
     device: torch.device

@@ -1,9 +1,9 @@
 """The fast engine's prefill: prompts packed end to end into one forward (a CUDA graph per
 token bucket), each prompt's kept prefix copied into its slot instead of computed again
-(:mod:`hymt_serve.engine.prefixes`); and *mixed steps*, where chunks of prompts ride in the
+(:mod:`hymt_serve.engine.runners.prefixes`); and *mixed steps*, where chunks of prompts ride in the
 running batch's decode step (one read of the weights for both; a graph per decode bucket and
 chunk bucket), so that admitting rows never stalls the batch and a long prompt prefills a
-chunk per step. A part of :class:`~hymt_serve.engine.runner.FastRunner`, which owns the cache
+chunk per step. A part of :class:`~hymt_serve.engine.runners.fast.FastRunner`, which owns the cache
 and the decode steps.
 """
 
@@ -15,10 +15,16 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.inputs import PackedPrompts, layout_size, packed_layout, pinned, to_device
-from hymt_serve.engine.model import StepFunctions, forward_pass
-from hymt_serve.engine.prefixes import PrefixCache, copy_positions
-from hymt_serve.engine.weights import ModelShape, ModelWeights
+from hymt_serve.engine.models.hunyuan_v1_dense import StepFunctions, forward_pass
+from hymt_serve.engine.models.weights import ModelShape, ModelWeights
+from hymt_serve.engine.runners.inputs import (
+    PackedPrompts,
+    layout_size,
+    packed_layout,
+    pinned,
+    to_device,
+)
+from hymt_serve.engine.runners.prefixes import PrefixCache, copy_positions
 
 PREFILL_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024)
 PREFILL_TOKENS = PREFILL_BUCKETS[-1]  # packed tokens per prefill call (a longer prompt alone)
@@ -35,7 +41,7 @@ MIXED_ROWS = 32
 
 
 class PackedPrefill:
-    """Prefill for :class:`~hymt_serve.engine.runner.FastRunner` (its attributes below)."""
+    """Prefill for :class:`~hymt_serve.engine.runners.fast.FastRunner` (its attributes below)."""
 
     weights: ModelWeights
     shape: ModelShape
@@ -88,7 +94,7 @@ class PackedPrefill:
         """Fill the slots' caches with the prompts; logits after each prompt ``[R, V]``.
 
         A kept prefix of a prompt is copied into its slot and only the rest is computed; new
-        prefixes worth keeping are copied out after (:mod:`hymt_serve.engine.prefixes`).
+        prefixes worth keeping are copied out after (:mod:`hymt_serve.engine.runners.prefixes`).
         Runs in groups of at most ``PREFILL_TOKENS`` packed tokens (a longer prompt alone).
         Does not wait for the device (inputs go over with asynchronous copies). The logits of
         a single group may live in the prefill buffer: use them before the next prefill.

@@ -1,0 +1,1 @@
+"""Model architectures the fast runner can run, one module per architecture."""

@@ -1,0 +1,1 @@
+"""The scheduler: admission, decode steps, sampling and finishing over a runner."""
