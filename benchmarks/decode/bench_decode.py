@@ -404,11 +404,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--kernels", type=int, default=12, help="kernels listed per profiled decode step"
     )
-    parser.add_argument(
-        "--weight-only-configs",
-        type=Path,
-        help="the weight-only kernel's tiles from a weight_only_gemm.py run on this GPU",
-    )
     return parser.parse_args()
 
 
@@ -506,10 +501,6 @@ def loaded_section(
 
 def main() -> None:
     args = parse_args()
-    if args.weight_only_configs:
-        from weight_only_gemm import load_configs
-
-        load_configs(args.weight_only_configs)
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     model = build_model()

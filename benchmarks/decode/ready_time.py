@@ -8,8 +8,8 @@ machine pays), with the GPU profile's sizes (128 rows of 1,024 + 512 tokens). Th
 random-weight folder is written first when ``--checkpoint`` does not exist yet (and its FP8
 checkpoint for ``fp8-checkpoint``). Each row also counts the kernels Triton compiled (inductor's,
 and ours by name: every specialisation is a compile). ``--serial FORM ...`` runs those forms
-once more with none of our weight-only kernels compiled ahead (each at its first launch, as
-before hymt_serve.engine.kernels.ahead). ``--rounds N`` runs every form N times, each round in
+once more with none of our weight-only kernels compiled ahead (each at its first launch,
+without hymt_serve.engine.kernels.ahead). ``--rounds N`` runs every form N times, each round in
 another order (the host's speed moves from run to run): each row's ratio is to bf16's ready time
 of its own round, and a second table gives each form's medians. Writes ``ready.json`` and
 ``ready.md`` to ``--out``.
