@@ -45,7 +45,7 @@ LOADED = (*FORMS, "fp8+head", "int8+head", "int4+head", "fp8-checkpoint+head")
 
 
 def build_model() -> PreTrainedModel:
-    """The 7B-shaped model of ../shared/GPU.md with random bf16 weights on the GPU."""
+    """The 7B-shaped model with random bf16 weights on the GPU."""
     model: PreTrainedModel = random_7b_model("cuda")
     return model
 

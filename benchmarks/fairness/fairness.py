@@ -116,7 +116,7 @@ def start_web(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "hymt_serve.ops.cli", "web", "--workdir"]
+    command = [sys.executable, "-m", "hymt_serve.cli", "web", "--workdir"]
     command += [str(server.workdir), "--port", str(port), "--client-keys", str(key_file)]
     env = dict(os.environ)
     if tree is not None:

@@ -65,7 +65,7 @@ def start_stack(model_dir: Path, work: Path, tiny: bool, web_port: int) -> tuple
         REPO / "config.properties", work / "run", model_store=work / "model_store", models=models
     )
     wait_ready(server, [TRANSLATOR, CHIMERA], timeout=900)
-    command = [sys.executable, "-m", "hymt_serve.ops.cli", "web", "--workdir", str(work / "run")]
+    command = [sys.executable, "-m", "hymt_serve.cli", "web", "--workdir", str(work / "run")]
     command += ["--port", str(web_port), "--refine-model", CHIMERA]
     log = (work / "web.log").open("ab")
     web = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
