@@ -3,25 +3,19 @@ together around their translations.
 
 A document becomes *pieces*: literal text (structure, whitespace, code, markup, subtitle numbers
 and timings) and segments (the prose to translate), alternating and in order, so that joining
-them gives the document back byte for byte (:meth:`Document.assemble` with the segments
-themselves is the identity). Splitting goes by structure first (paragraphs, headings, list
-items, table cells, HTML text runs, subtitle cues); a block whose tokens exceed the budget is
-then cut into sentences by `sentencex` (Wikimedia's segmenter: ~300 languages through language
-fallbacks, linear time, character offsets) and the sentences are grouped back up to the budget.
-A sentence still over it is cut at spaces or CJK clause marks, never inside a word or a
-character; a run with no such place stays whole (the service refuses it with a 413 if its
-prompt is too long). No cut falls inside inline code, a URL, an e-mail address or a tag.
+them gives the document back byte for byte. Splitting goes by structure first (paragraphs,
+headings, list items, table cells, HTML text runs, subtitle cues; :mod:`.document_formats`); a
+block over the token budget is cut into sentences by `sentencex` (linear, ~300 languages) and
+the sentences are grouped back up to the budget. A sentence still over it is cut at spaces or
+CJK clause marks, never inside a word, inline code, a URL, an e-mail address or a tag; a run
+with no such place stays whole (its prompt may then be refused as too long).
 
-Inline markup stays inside its segment (the service turns it into ``<sN>`` tags,
-:mod:`hymt_serve.request.markup`); fenced and indented code, front matter, HTML comments and
-``<script>``/``<style>``/``<pre>`` elements, link definitions and table rules stay literal, and
-so does a would-be segment with no letter outside its code, URLs, addresses and tags (numbers,
-symbols), and a leading byte-order mark. A translation takes its segment's line endings, and
-cannot break the structure around it (:meth:`Document.assemble`).
-
-The structure of each format is read by :mod:`hymt_serve.request.document_formats`. Those
-parsers and the splitting here are iterative and linear in the document's length: a 1 MB line,
-100,000 nested quotes or tags, or unclosed code cannot make them recurse or backtrack.
+Inline markup stays inside its segment (the service turns it into ``<sN>`` tags). Code blocks,
+front matter, HTML comments, raw elements (``<script>``, ``<pre>``, ...), link definitions,
+table rules, a byte-order mark and a would-be segment with no letter outside its code, URLs and
+tags stay literal. A translation takes its segment's line endings and cannot break the structure
+around it (:meth:`Document.assemble`). Parsing and splitting are iterative and linear in the
+document's length: no input makes them recurse or backtrack.
 """
 
 from __future__ import annotations
