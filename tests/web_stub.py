@@ -16,6 +16,7 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from hymt_serve.ops.launcher import KEY_FILE, Server
+from hymt_serve.web.keys import ClientKeys
 
 MODEL = "hunyuan-mt"
 PREDICTIONS = f"/predictions/{MODEL}"
@@ -85,3 +86,12 @@ def workdir(path: Path, url: str) -> Server:
     )
     (path / KEY_FILE).write_text(json.dumps(KEYS), encoding="utf-8")
     return Server(path)
+
+
+def client_keys(
+    path: Path, names: tuple[str, ...] = ("alice", "bøb"), limit: int = 1_000_000
+) -> ClientKeys:
+    """A key file of the front end with one key per name, each with ``limit`` characters."""
+    entries = [{"name": n, "key": f"{n}-key-0123456789ab", "character_limit": limit} for n in names]
+    path.write_text(json.dumps({"keys": entries}))
+    return ClientKeys.open(path)

@@ -1,5 +1,5 @@
-"""Who may call the web front end, how its clients share TorchServe, and DeepL document jobs:
-the app against the stub TorchServe of test_web_app (no TorchServe)."""
+"""Who may call the web front end and how its clients share TorchServe: the app against the
+stub TorchServe of test_web_app (no TorchServe)."""
 
 from __future__ import annotations
 
@@ -8,30 +8,19 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import pytest
 from flask.testing import FlaskClient
-from web_stub import DESCRIBE, MODEL, PREDICTIONS, Upstream, workdir
-from werkzeug.http import parse_options_header
+from web_stub import DESCRIBE, MODEL, PREDICTIONS, Upstream, client_keys, workdir
 from werkzeug.wrappers import Request, Response
 
 from hymt_serve.ops import launcher
 from hymt_serve.ops.launcher import KEY_FILE
-from hymt_serve.web import deepl_documents, fairness
+from hymt_serve.web import fairness
 from hymt_serve.web.app import ALWAYS_OPEN, OWN_KEYS, create_app, is_loopback
-from hymt_serve.web.deepl_documents import content_disposition
 from hymt_serve.web.keys import ClientKeys
 
 TRANSLATED = {"translation": "x", "translations": [{"text": "x"}], "usage": {}}
-
-
-def _keys(
-    path: Path, names: tuple[str, ...] = ("alice", "bøb"), limit: int = 1_000_000
-) -> ClientKeys:
-    entries = [{"name": n, "key": f"{n}-key-0123456789ab", "character_limit": limit} for n in names]
-    path.write_text(json.dumps({"keys": entries}))
-    return ClientKeys.open(path)
 
 
 def _auth(keys: ClientKeys, index: int = 0) -> dict[str, str]:
@@ -40,7 +29,7 @@ def _auth(keys: ClientKeys, index: int = 0) -> dict[str, str]:
 
 @pytest.fixture
 def keys(tmp_path: Path) -> ClientKeys:
-    return _keys(tmp_path / "web_keys.json")
+    return client_keys(tmp_path / "web_keys.json")
 
 
 def _app(upstream: Upstream, tmp_path: Path, keys: ClientKeys, **options: Any) -> FlaskClient:
@@ -95,7 +84,7 @@ def test_off_loopback_the_page_api_counts_characters_against_the_key(
     upstream.reply(PREDICTIONS, {"error": "bad", "error_type": "invalid_request"}, 400)
     assert client.post("/api/translate", json=body, headers=_auth(keys)).status_code == 400
     assert keys.used(keys.keys[0]) == 5  # a refused request is given back
-    poor = _keys(tmp_path / "poor.json", ("carol",), limit=3)
+    poor = client_keys(tmp_path / "poor.json", ("carol",), limit=3)
     client = _app(upstream, tmp_path, poor, require_keys=True)
     over = client.post("/api/translate", json=body, headers=_auth(poor))
     assert over.status_code == 429 and over.get_json()["error_type"] == "quota_exceeded"
@@ -303,115 +292,4 @@ def test_torchserves_busy_answer_says_to_retry_not_to_scale(
     answer = client.post("/translate", json=libre)
     assert answer.status_code == 503 and answer.headers["Retry-After"]
     assert "scale" not in answer.get_json()["error"] and "retry" in answer.get_json()["error"]
-    assert keys.used(keys.keys[0]) == 0
-
-
-# --- DeepL documents --------------------------------------------------------------------------
-
-
-def _upload(client: FlaskClient, keys: ClientKeys, index: int = 0, name: str = "a.md") -> Any:
-    data = {"file": (__import__("io").BytesIO(b"# Hi\n"), name), "target_lang": "DE"}
-    headers = {"Authorization": f"DeepL-Auth-Key {keys.keys[index].key}"}
-    return client.post(
-        "/v2/document", data=data, headers=headers, content_type="multipart/form-data"
-    )
-
-
-def _call(
-    client: FlaskClient, keys: ClientKeys, path: str, document_key: str, index: int = 0
-) -> Any:
-    headers = {"Authorization": f"DeepL-Auth-Key {keys.keys[index].key}"}
-    return client.post(path, data={"document_key": document_key}, headers=headers)
-
-
-def _wait_done(client: FlaskClient, keys: ClientKeys, document_id: str, key: str) -> dict[str, Any]:
-    for _ in range(200):
-        status = _call(client, keys, f"/v2/document/{document_id}", key).get_json()
-        if status["status"] in ("done", "error"):
-            return status  # type: ignore[no-any-return]
-        time.sleep(0.01)
-    raise AssertionError("the document never finished")
-
-
-def test_a_document_with_any_name_downloads_again_and_only_for_its_owner(
-    upstream: Upstream, tmp_path: Path, keys: ClientKeys
-) -> None:
-    upstream.reply(PREDICTIONS, {"document": "# Hallo\n", "usage": {}})
-    client = _app(upstream, tmp_path, keys)
-    name = "ünïcødé 文件.md"
-    job = _upload(client, keys, name=name).get_json()
-    document_id, document_key = job["document_id"], job["document_key"]
-    assert _wait_done(client, keys, document_id, document_key)["status"] == "done"
-    result = f"/v2/document/{document_id}/result"
-    assert _call(client, keys, result, document_key, index=1).status_code == 404  # bob's key
-    assert (
-        _call(client, keys, f"/v2/document/{document_id}", document_key, index=1).status_code == 404
-    )
-    for _ in range(2):  # a download that broke off can be tried again
-        answer = _call(client, keys, result, document_key)
-        assert answer.status_code == 200 and answer.data == b"# Hallo\n"
-        _, options = parse_options_header(answer.headers["Content-Disposition"])
-        assert options["filename"] == name  # werkzeug reads filename* (RFC 5987) first
-        assert answer.headers["Content-Disposition"].isascii()
-
-
-@pytest.mark.parametrize(
-    ("name", "fallback"),
-    [("ünïcødé 文件.md", "unicde .md"), ("文件.md", "document.md"), ('a"b\\c.md', "a_b_c.md"),
-     ("../../etc/x.srt", "x.srt"), ("line\nbreak.txt", "linebreak.txt")],
-)  # fmt: skip
-def test_content_disposition(name: str, fallback: str) -> None:
-    header = content_disposition(name)
-    assert header.isascii() and "\n" not in header
-    _, options = parse_options_header(header)
-    assert options["filename"] == name.replace("\n", "").rsplit("/", 1)[-1]
-    assert header.split('filename="', 1)[1].split('"', 1)[0] == fallback
-    assert unquote(header.split("filename*=UTF-8''", 1)[1]) == options["filename"]
-
-
-def test_one_keys_documents_never_block_another_key(
-    upstream: Upstream, tmp_path: Path, keys: ClientKeys, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    upstream.reply(PREDICTIONS, {"document": "x", "usage": {}})
-    monkeypatch.setattr(deepl_documents, "PER_KEY_KEPT", 5)
-    client = _app(upstream, tmp_path, keys)
-    jobs = [_upload(client, keys).get_json() for _ in range(5)]
-    for job in jobs:
-        _wait_done(client, keys, job["document_id"], job["document_key"])
-    refused = _upload(client, keys)
-    assert (
-        refused.status_code == 429 and "download the finished ones" in refused.get_json()["message"]
-    )
-    assert _upload(client, keys, index=1).status_code == 200  # bob is not blocked
-
-
-def test_too_many_documents_in_translation_for_one_key_get_429(
-    upstream: Upstream, tmp_path: Path, keys: ClientKeys
-) -> None:
-    gate = threading.Event()
-
-    def held(request: Request) -> Response:
-        gate.wait(10)
-        return Response(json.dumps({"document": "x"}), content_type="application/json")
-
-    upstream.replies[PREDICTIONS] = held
-    client = _app(upstream, tmp_path, keys)
-    try:
-        for _ in range(deepl_documents.PER_KEY_ACTIVE):
-            assert _upload(client, keys).status_code == 200
-        refused = _upload(client, keys)
-        assert refused.status_code == 429 and "in translation" in refused.get_json()["message"]
-        assert _upload(client, keys, index=1).status_code == 200
-    finally:
-        gate.set()
-
-
-def test_a_failed_document_is_not_billed(
-    upstream: Upstream, tmp_path: Path, keys: ClientKeys
-) -> None:
-    upstream.reply(PREDICTIONS, {"error": "cue 1 is broken", "error_type": "invalid_request"}, 400)
-    client = _app(upstream, tmp_path, keys)
-    job = _upload(client, keys).get_json()
-    status = _wait_done(client, keys, job["document_id"], job["document_key"])
-    assert status["status"] == "error" and "cue 1" in status["error_message"]
     assert keys.used(keys.keys[0]) == 0

@@ -114,7 +114,7 @@ def test_bulk_calls_go_one_at_a_time_while_others_are_in_flight() -> None:
     for _ in range(fairness.BULK_ALONE):
         upstream.release(True)
     time.sleep(0.1)
-    assert upstream.counts()["bulk"] == fairness.BULK_SHARED  # now one at a time
+    assert upstream.counts()["bulk"] == fairness.BULK_SHARED  # one at a time beside it
     upstream.release()  # the other call ends: bulk fills up again once it stays quiet
     time.sleep(0.1)
     assert upstream.counts()["bulk"] == fairness.BULK_SHARED
