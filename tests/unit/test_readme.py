@@ -1,11 +1,11 @@
-"""The README's request examples are valid on the demo server (the CPU profile's settings)."""
+"""The documentation's request examples are valid on the demo server (the CPU profile's
+settings): every JSON body of a curl in README.md and docs/*.md."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -15,8 +15,11 @@ from hymt_serve.request.families import detect_profile
 from hymt_serve.request.protocol import parse_request
 
 REPO = Path(__file__).resolve().parents[2]
-# A curl to a model's predictions endpoint, then its -d '<json>' (the README's shell examples).
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# A curl to a model's predictions endpoint, then its -d '<json>' (the shell examples).
 CURL_BODY = re.compile(r"curl [^\n]*?/predictions/([\w-]+)[^']*?-d '(\{[^']*\})'", re.DOTALL)
+# A curl to the web front end's request API, which forwards the body to the translation model.
+WEB_CURL_BODY = re.compile(r"curl [^\n]*?:8000/api/(?:translate|refine)[^']*?-d '(\{[^']*\})'")
 # The demo's models: the translation model (its configured family) and the Chimera model.
 DEMO_MODELS = {"hunyuan-mt": None, "hunyuan-mt-chimera": "hunyuan-mt-chimera"}
 
@@ -26,31 +29,52 @@ def demo_settings() -> Settings:
     return Settings.from_mapping({**config["handler"], "model_path": "/unused"}, environ={})
 
 
-def readme_bodies() -> list[tuple[str, dict[str, Any]]]:
-    found = CURL_BODY.findall((REPO / "README.md").read_text())
-    return [(model, json.loads(body)) for model, body in found]
+def doc_bodies(pattern: re.Pattern[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """(file name, the pattern's groups) for each match in README.md and docs/*.md."""
+    found = []
+    for path in DOCS:
+        for match in pattern.finditer(path.read_text()):
+            found.append((path.name, match.groups()))
+    return found
 
 
-def test_every_readme_request_example_is_accepted_by_the_demo_server() -> None:
-    bodies = readme_bodies()
-    assert len(bodies) >= 4  # the single, multi-text, sampling and streaming examples
+def test_the_docs_are_read() -> None:
+    assert (REPO / "docs/api.md") in DOCS and (REPO / "README.md") in DOCS
+
+
+def test_every_request_example_is_accepted_by_the_demo_server() -> None:
+    bodies = doc_bodies(CURL_BODY)
+    files = {name for name, _ in bodies}
+    assert {"README.md", "api.md", "families.md", "documents.md"} <= files
+    # the single, multi-text, sampling, streaming, glossary, context, formatted, Chimera and
+    # document examples
+    assert len(bodies) >= 9
     settings = demo_settings()
-    for model, body in bodies:
+    for _, (model, body) in bodies:
         family = DEMO_MODELS[model] or settings.prompt_family
         profile = detect_profile(settings.model_path, family)
-        parse_request(body, settings, profile)  # raises InvalidRequest / PayloadTooLarge
+        parse_request(json.loads(body), settings, profile)  # raises InvalidRequest, PayloadTooLarge
+
+
+def test_every_web_request_example_is_accepted_by_the_demo_server() -> None:
+    bodies = doc_bodies(WEB_CURL_BODY)
+    assert bodies  # /api/refine in families.md
+    settings = demo_settings()
+    profile = detect_profile(settings.model_path, settings.prompt_family)
+    for _, (body,) in bodies:
+        parse_request(json.loads(body), settings, profile)
 
 
 # A curl to a model's v2 inference endpoint (KServe's Open Inference Protocol), then its body.
 V2_CURL_BODY = re.compile(r"curl [^\n]*?/v2/models/([\w-]+)/infer[^']*?-d '(\{[^']*\})'", re.DOTALL)
 
 
-def test_every_readme_v2_example_is_accepted_by_the_demo_server() -> None:
-    found = V2_CURL_BODY.findall((REPO / "README.md").read_text())
+def test_every_v2_example_is_accepted_by_the_demo_server() -> None:
+    found = doc_bodies(V2_CURL_BODY)
     assert found
     settings = demo_settings()
     profile = detect_profile(settings.model_path, settings.prompt_family)
-    for _, body in found:
+    for _, (_, body) in found:
         fields, call = oip.unwrap(json.loads(body), {"Content-Type": "application/json"})
         assert call is not None
         parse_request(fields, settings, profile)
