@@ -1,11 +1,16 @@
 """Serve Tencent's Hunyuan-MT translation models with TorchServe.
 
-Where a request goes: ``hunyuan_mt_handler`` (beside this package, TorchServe's entry point)
-hands bodies to :mod:`hymt_serve.request` (transport, protocol, prompts, the service: pure
-Python), whose texts become rows submitted to :mod:`hymt_serve.engine` (``Engine.submit``: one
-scheduler over the fast runner or transformers' forward; in async mode in a child process).
-Every failure becomes a :class:`~hymt_serve.request.errors.ServiceError` with its HTTP status.
-:mod:`hymt_serve.ops` starts, scales and checks the server; :mod:`hymt_serve.web` is the page.
+- :mod:`.core`: settings, shared types and domain errors; pure Python, imports no other part.
+- :mod:`.request`: bodies become requests, prompts and engine rows, results become replies, and
+  errors become HTTP statuses (:mod:`.request.errors`); pure Python, imports only core.
+- :mod:`.engine`: ``Engine.submit`` -> scheduler -> runner over a model and its kernels, the
+  checkpoint loaders and the engine process; imports only core.
+- :mod:`.web`: the front end (the page, LibreTranslate, DeepL and KServe v2 APIs).
+- :mod:`.ops`: starting, scaling and checking TorchServe, the archive, the demo model.
+- :mod:`.cli`: the ``hymt`` command, above all of them.
+
+``hunyuan_mt_handler`` (beside this package) is TorchServe's entry point: it hands bodies to the
+request side and rows to the engine. ``tests/unit/test_layers.py`` keeps these layers true.
 """
 
 __version__ = "0.1.0"
