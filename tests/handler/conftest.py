@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fakes import FakeEngine, SentParts
 
-import hunyuan_mt_handler
+from hymt_serve.request import door
 
 
 @pytest.fixture
@@ -21,5 +21,5 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
 def sent_parts(monkeypatch: pytest.MonkeyPatch) -> SentParts:
     """The handler's stream events and replies sent ahead, instead of a TorchServe socket."""
     parts = SentParts()
-    monkeypatch.setattr(hunyuan_mt_handler, "send_intermediate_predict_response", parts)
+    monkeypatch.setattr(door, "send_intermediate_predict_response", parts)
     return parts

@@ -15,6 +15,7 @@ from fakes import GRPC_HEADERS, HTTP_HEADERS, SentParts, make_context, set_batch
 
 import hunyuan_mt_handler
 from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.request import door
 from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.transport import Origin
 
@@ -60,7 +61,7 @@ async def one_call(
     assert not isinstance(result, list)
     (text,) = await result
     if not text:  # an HTTP reply goes ahead of the final, empty one (the stream's last part)
-        parts = hunyuan_mt_handler.send_intermediate_predict_response
+        parts = door.send_intermediate_predict_response
         assert isinstance(parts, SentParts)
         text = parts.reply(request_id)
         assert text, "neither a final reply nor one sent ahead"
@@ -224,7 +225,7 @@ def test_a_slow_describe_does_not_hold_up_other_requests(
         await asyncio.sleep(0.2)  # the describe call is waiting by now
         monkeypatch.undo()  # the engine answers translations again
         monkeypatch.setattr(hunyuan_mt_handler, "DESCRIBE_TIMEOUT_S", 3.0)
-        monkeypatch.setattr(hunyuan_mt_handler, "send_intermediate_predict_response", sent_parts)
+        monkeypatch.setattr(door, "send_intermediate_predict_response", sent_parts)
         status, _, _ = await one_call(handler, context, BODIES[0], "t")
         assert status == 200
         finished["translate"] = loop.time()
@@ -276,9 +277,9 @@ def test_http_replies_go_ahead_in_parts_and_grpc_replies_stay_whole(
     long_answer = json.dumps({"translation": "长文本" * 6000}, ensure_ascii=False)
     origins = [Origin.HTTP, Origin.GRPC, Origin.HTTP, Origin.HTTP]
     answers = [long_answer, '{"grpc": 1}', '{"last": "line"}\n', '{"error": "x"}']
-    left = hunyuan_mt_handler._as_last_parts(answers, context, origins)
+    left = door.as_last_parts(answers, context, origins)
     assert left == ["", '{"grpc": 1}', '{"last": "line"}\n', '{"error": "x"}']
     parts = [value for request_id, value in sent_parts.sent if request_id == "req-0"]
-    assert len(parts) == 4 and all(len(p) <= hunyuan_mt_handler.PART_BYTES for p in parts)
+    assert len(parts) == 4 and all(len(p) <= door.PART_BYTES for p in parts)
     assert sent_parts.reply("req-0") == long_answer
     assert {request_id for request_id, _ in sent_parts.sent} == {"req-0"}

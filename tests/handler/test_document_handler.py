@@ -15,9 +15,10 @@ from fakes import FakeEngine, make_context, set_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import hunyuan_mt_handler
 from hunyuan_mt_handler import HunyuanMTHandler
 from hymt_serve.core.settings import Settings
+from hymt_serve.request import door
+from hymt_serve.request.errors import ServiceError
 from hymt_serve.request.service import TranslationService
 
 SETTINGS: dict[str, Any] = {"model_path": "/unused", "max_new_tokens": 400}
@@ -147,7 +148,7 @@ def test_rows_are_fed_in_windows_and_keep_their_order(monkeypatch: pytest.Monkey
 def test_progress_streams_as_json_lines_then_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[dict[str, Any]] = []
     monkeypatch.setattr(
-        hunyuan_mt_handler,
+        door,
         "send_intermediate_predict_response",
         lambda ret, ids, message, code, context: sent.append(json.loads(ret[0])),
     )
@@ -279,7 +280,11 @@ def test_any_document_comes_back_byte_for_byte_through_the_service(
         Settings.from_mapping({"model_path": "/unused", "document_segment_tokens": 24}, environ={}),
     )
     body = {"document": document, "format": kind, "target_lang": "de"}
-    outcomes = service.prepare([body])
+    try:
+        request: Any = service.parse(body)
+    except ServiceError as error:  # refused at the door: the reply carries the error
+        request = error
+    outcomes = service.prepare([request])
     replies = service.render(outcomes, service.generate(outcomes), ["r"])
     if not document.strip():
         assert replies[0].status == 400

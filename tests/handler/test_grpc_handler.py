@@ -37,7 +37,7 @@ def run(
     context = handler.context
     set_batch(context, len(rows), headers)
     sent: list[Any] = []
-    with mock.patch("hunyuan_mt_handler.send_intermediate_predict_response") as intermediate:
+    with mock.patch("hymt_serve.request.door.send_intermediate_predict_response") as intermediate:
         out = handler.handle(rows, context)
         sent = intermediate.call_args_list
     assert isinstance(out, list) and len(out) == len(rows)

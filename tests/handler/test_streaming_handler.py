@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from fakes import make_context, set_batch
 
-import hunyuan_mt_handler
 from hunyuan_mt_handler import HunyuanMTHandler
 from hymt_serve.core.settings import Settings
 from hymt_serve.engine.codec import TokenCodec
+from hymt_serve.request import door
 from hymt_serve.request.streaming import IncrementalDecoder
 
 
@@ -40,7 +40,7 @@ def test_stream_and_plain_requests_in_one_batch(
 ) -> None:
     sent: list[tuple[dict[int, str], dict[int, str]]] = []
     monkeypatch.setattr(
-        hunyuan_mt_handler,
+        door,
         "send_intermediate_predict_response",
         lambda ret, ids, message, code, context: sent.append((ret, ids)),
     )

@@ -77,7 +77,7 @@ def _send(server: Server, session: requests.Session) -> Sent:
 
 
 def _hymt(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "hymt_serve.ops.cli", *args]
+    command = [sys.executable, "-m", "hymt_serve.cli", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=90, check=False)
 
 
@@ -96,7 +96,7 @@ def test_drain_fails_readiness_then_waits_for_every_request(draining_server: Ser
 
     drain_started = time.monotonic()
     drain = subprocess.Popen(
-        [sys.executable, "-m", "hymt_serve.ops.cli", "drain", "--workdir", workdir,
+        [sys.executable, "-m", "hymt_serve.cli", "drain", "--workdir", workdir,
          "--endpoint-wait", str(ENDPOINT_WAIT), "--timeout", "90"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

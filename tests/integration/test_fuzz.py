@@ -20,7 +20,7 @@ from grpc_clients import GrpcClient, compile_protos
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hymt_serve.ops.cli import main as hymt
+from hymt_serve.cli.main import main as hymt
 from hymt_serve.ops.launcher import Server, model_workers
 from hymt_serve.web.app import create_app
 

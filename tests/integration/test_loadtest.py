@@ -53,7 +53,7 @@ def test_renewed_key_replaces_the_old_one(server: Server) -> None:
         [
             sys.executable,
             "-m",
-            "hymt_serve.ops.cli",
+            "hymt_serve.cli",
             "token",
             "--renew",
             "--workdir",

@@ -175,7 +175,7 @@ def health(server: Server) -> tuple[int, str]:
     command = [
         sys.executable,
         "-m",
-        "hymt_serve.ops.cli",
+        "hymt_serve.cli",
         "health",
         "--workdir",
         str(server.workdir),

@@ -137,7 +137,7 @@ def hymt_scale(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable,
         "-m",
-        "hymt_serve.ops.cli",
+        "hymt_serve.cli",
         "scale",
         "--workdir",
         str(server.workdir),

@@ -42,7 +42,7 @@ def _start_command(model_dir: Path, folder: Path, overrides: dict[str, Any]) -> 
         f"grpc_management_port={ports[4]}",
         f"initial_worker_port={ports[5]}",
     ]
-    command = [sys.executable, "-m", "hymt_serve.ops.cli", "start"]
+    command = [sys.executable, "-m", "hymt_serve.cli", "start"]
     command += ["--config", str(REPO / "config.properties"), "--workdir", str(folder / "run")]
     command += ["--model-store", str(store), "--timeout", "200"]
     for item in sets:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def hymt(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "hymt_serve.ops.cli", *args]
+    command = [sys.executable, "-m", "hymt_serve.cli", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -35,7 +35,7 @@ def test_hymt_stop_ends_this_work_folders_web_front_end(tmp_path: Path) -> None:
     workdir = tmp_path / "run"  # as hymt start renders it (no TorchServe needed here)
     workdir.mkdir()
     (workdir / "config.properties").write_text("inference_address=http://127.0.0.1:9\n")
-    command = [sys.executable, "-m", "hymt_serve.ops.cli", "web", "--workdir", str(workdir)]
+    command = [sys.executable, "-m", "hymt_serve.cli", "web", "--workdir", str(workdir)]
     web = subprocess.Popen([*command, "--port", str(port)])
     other = subprocess.Popen(["sleep", "60"])  # a stranger whose pid a stale file might name
     try:

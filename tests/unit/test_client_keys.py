@@ -44,7 +44,7 @@ def test_keys_are_found_exactly_and_limits_hold(tmp_path: Path) -> None:
 
 def test_hymt_web_refuses_a_bad_key_file_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "web_keys.json").write_text(json.dumps({"keys": []}))
-    command = [sys.executable, "-m", "hymt_serve.ops.cli", "web", "--workdir", str(tmp_path)]
+    command = [sys.executable, "-m", "hymt_serve.cli", "web", "--workdir", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
     assert done.stderr.strip() == f"hymt web: {tmp_path / 'web_keys.json'} holds no keys"

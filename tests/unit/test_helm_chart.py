@@ -21,7 +21,7 @@ import pytest
 import yaml
 from referencing import Registry, Resource
 
-from hymt_serve.ops.cli import build_parser
+from hymt_serve.cli.main import build_parser
 from hymt_serve.ops.properties import read_properties, render_config, write_properties
 
 REPO = Path(__file__).resolve().parents[2]

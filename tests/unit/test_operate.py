@@ -57,11 +57,11 @@ def test_the_worker_ceiling_follows_the_gpus_and_share_engine(
 
     import torch
 
-    from hymt_serve.ops import launcher, server_cli
+    from hymt_serve.cli import server as server_cli
 
-    monkeypatch.setattr(launcher, "model_workers", lambda server, name: workers)
+    monkeypatch.setattr(server_cli, "model_workers", lambda server, name: workers)
     monkeypatch.setattr(
-        launcher, "handler_description", lambda server, name: {"settings": settings}
+        server_cli, "handler_description", lambda server, name: {"settings": settings}
     )
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     args = argparse.Namespace(model="hunyuan-mt", max_cpu_workers=3)

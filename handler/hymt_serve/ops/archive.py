@@ -88,8 +88,8 @@ def _run_archiver(stage: Path, export_path: Path, name: str, version: str, fmt: 
         shutil.rmtree(export_path / name, ignore_errors=True)
     command = [
         sys.executable,
-        "-m",
-        "model_archiver.model_packaging",
+        "-c",  # what the torch-model-archiver script runs (-m warns: the package imports it)
+        "from model_archiver.model_packaging import generate_model_archive as g; g()",
         "--model-name",
         name,
         "--version",

@@ -177,7 +177,7 @@ def _is_web(pid: int) -> bool:
     except OSError:
         return True  # no /proc (macOS): trust the pid file
     return b"web" in command and any(
-        part.endswith((b"hymt", b"hymt_serve.ops.cli", b"cli.py")) for part in command
+        part.endswith((b"hymt", b"hymt_serve.cli")) for part in command
     )
 
 

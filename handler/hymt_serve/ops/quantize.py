@@ -24,10 +24,15 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from torch import nn
+from transformers import AutoModelForCausalLM
 
+from hymt_serve.core.settings import Settings
 from hymt_serve.engine.checkpoints.fp8 import PROJECTIONS
+from hymt_serve.engine.codec import TokenCodec
 from hymt_serve.engine.kernels.quantized import FP8_MAX, quantize_tensor
 from hymt_serve.engine.kernels.weight_only import pack_int4, quantize_int4_groups
+from hymt_serve.request.languages import LANGUAGES
+from hymt_serve.request.prompts import build_prompt
 
 IGNORED = ["lm_head", "model.embed_tokens"]
 # Sentences for calibration: the scales must cover the inputs translation prompts make.
@@ -73,8 +78,6 @@ def write_fp8_checkpoint(
 ) -> Path:
     """Write ``source`` (a bf16 model folder) to ``out`` as an FP8 checkpoint; ``prompts``
     (token ids) calibrate the input scales (default: the built-in sentences, templated)."""
-    from transformers import AutoModelForCausalLM
-
     model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
     model.to(device).eval()
     input_max = _calibrate(model, prompts if prompts is not None else _prompts(source))
@@ -133,11 +136,6 @@ def _calibrate(model: Any, prompts: Sequence[Sequence[int]]) -> dict[str, torch.
 
 def _prompts(source: Path) -> list[list[int]]:
     """The built-in sentences as served: the model card's prompt, then the chat template."""
-    from hymt_serve.core.settings import Settings
-    from hymt_serve.engine.codec import TokenCodec
-    from hymt_serve.request.languages import LANGUAGES
-    from hymt_serve.request.prompts import build_prompt
-
     codec = TokenCodec.load(Settings.from_mapping({"model_path": str(source)}, environ={}))
     return [
         codec.encode(build_prompt(text, None, LANGUAGES[target])[0]) for text, target in CALIBRATION
@@ -178,8 +176,6 @@ def gptq_pack(weight: torch.Tensor) -> dict[str, torch.Tensor]:
 def write_gptq_checkpoint(source: Path, out: Path) -> Path:
     """Write ``source`` (a model folder) to ``out`` in the GPTQ-Int4 layout: every decoder
     projection as ``qweight``/``qzeros``/``scales``/``g_idx``, the rest bf16."""
-    from transformers import AutoModelForCausalLM
-
     model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
     tensors: dict[str, torch.Tensor] = {}
     tied = bool(getattr(model.config, "tie_word_embeddings", False))

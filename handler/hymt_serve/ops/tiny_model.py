@@ -9,12 +9,14 @@ BPE tokenizer with the same special tokens and an equivalent chat template is tr
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from hymt_serve.core.types import TINY_MODEL_MARKER
 from hymt_serve.request.languages import LANGUAGES
+from hymt_serve.request.prompts import build_prompt
 
 TOKENIZER_ENV = "HYMT_TOKENIZER_DIR"
 SPECIAL_TOKENS = (
@@ -100,6 +102,7 @@ def default_tokenizer_dir() -> Path | None:
 
 def build_fallback_tokenizer() -> Any:
     """A small byte-level BPE tokenizer with Hunyuan's special tokens and chat template."""
+    # torch, transformers and the engine take seconds: hymt imports this module for every command
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -123,8 +126,6 @@ def build_fallback_tokenizer() -> Any:
 
 
 def _training_corpus() -> list[str]:
-    from hymt_serve.request.prompts import build_prompt
-
     english, chinese = LANGUAGES["en"], LANGUAGES["zh"]
     corpus = list(_SAMPLE_TEXT)
     for language in LANGUAGES.values():
@@ -133,11 +134,31 @@ def _training_corpus() -> list[str]:
     return corpus
 
 
+class _AlphaIsUsed(logging.Filter):
+    """Drops transformers' warning "Unrecognized keys in `rope_parameters` ... {'alpha'}": the
+    family's dynamic RoPE carries ``alpha``, which transformers' own ``hunyuan_v1_dense`` reads,
+    but its RoPE validator does not list it. Any other key is still reported."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith(_ROPE_WARNING) and message.endswith("{'alpha'}"))
+
+
+_ROPE_WARNING = "Unrecognized keys in `rope_parameters`"
+_ALPHA_FILTER = _AlphaIsUsed()
+
+
+def _quiet_alpha_warning() -> None:
+    """Install the filter on the logger that warns (adding the same filter twice is a no-op)."""
+    logging.getLogger("transformers.modeling_rope_utils").addFilter(_ALPHA_FILTER)
+
+
 def random_7b_model(device: str = "cuda", seed: int = 0) -> Any:
     """The 7B-shaped ``hunyuan_v1_dense`` with random bf16 weights, built on ``device``."""
-    import torch
+    import torch  # seconds: see build_fallback_tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    _quiet_alpha_warning()
     config = AutoConfig.for_model(model_type="hunyuan_v1_dense", **SEVEN_B_SHAPE)
     torch.manual_seed(seed)
     with torch.device(device):
@@ -147,7 +168,7 @@ def random_7b_model(device: str = "cuda", seed: int = 0) -> Any:
 def _mute_unprintable_tokens(model: Any, tokenizer: Any, keep: set[int]) -> None:
     """Zero the (tied) embedding rows of special tokens and of tokens that decode to no whole
     character, so that the random model's demo output is visible text, not nothing or U+FFFD."""
-    import torch
+    import torch  # seconds: see build_fallback_tokenizer
 
     special = set(tokenizer.all_special_ids) | {
         i
@@ -169,10 +190,10 @@ def build_tiny_model(
     family ship it: ``hy.tiktoken`` and a remote-code ``tokenizer_config.json``, no
     ``tokenizer.json`` (special tokens then follow the BPE ranks, as there).
     """
-    import torch
+    import torch  # seconds: see build_fallback_tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from hymt_serve.engine.checkpoints.tiktoken_folder import load_tiktoken_folder
+    from hymt_serve.engine.checkpoints.tiktoken_folder import load_tiktoken_folder  # seconds
     from hymt_serve.engine.codec import read_tokenizer
 
     tokenizer = read_tokenizer(tokenizer_dir) if tokenizer_dir else build_fallback_tokenizer()
@@ -180,6 +201,7 @@ def build_tiny_model(
         out_dir.mkdir(parents=True, exist_ok=True)
         write_tiktoken_tokenizer(tokenizer, out_dir)
         tokenizer = load_tiktoken_folder(out_dir)
+    _quiet_alpha_warning()
     ids: dict[str, int] = {
         name: int(tokenizer.convert_tokens_to_ids(name))
         for name in ("<|startoftext|>", "<|eos|>", "<|pad|>")
@@ -219,9 +241,9 @@ _REMOTE_CODE_TEXT = (
 def write_tiktoken_tokenizer(tokenizer: Any, out_dir: Path) -> None:
     """Write a byte-level BPE ``tokenizer`` as a ``hy.tiktoken`` remote-code folder: its
     ordinary tokens become ranks in id order, its added tokens follow them in id order."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # seconds, as above
 
-    from hymt_serve.engine.checkpoints.tiktoken_folder import RANKS_FILE, write_ranks
+    from hymt_serve.engine.checkpoints.tiktoken_folder import RANKS_FILE, write_ranks  # seconds
 
     to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
     added = dict(sorted(tokenizer.added_tokens_decoder.items()))

@@ -1,9 +1,9 @@
-"""The translation service: request bodies in, one reply per request out.
+"""The translation service: requests in, one reply per request out.
 
-It holds the request-level logic between TorchServe and the engine and imports no torch, so it
-is tested with a fake engine in milliseconds. One path for both of TorchServe's modes: every
-valid request's rows are submitted to the engine (``submit(row, on_tokens) -> future``), then
-batch mode runs the engine until the batch's futures are done while async mode awaits them.
+It holds the request-level logic between the door (:mod:`hymt_serve.request.door`) and the
+engine and imports no torch, so it is tested with a fake engine in milliseconds. One path for
+both of TorchServe's modes: every valid request's rows are submitted to the engine
+(``submit(row, on_tokens) -> future``), then batch mode runs the engine until the batch's futures are done while async mode awaits them.
 A bad request becomes its own 4xx reply, a failure while generating the 5xx of the requests
 whose rows it hit, and the number of replies always equals the number of requests.
 """
@@ -121,17 +121,24 @@ class TranslationService:
         # The model family: its prompt templates and the request fields it supports.
         self.profile = detect_profile(settings.model_path, settings.prompt_family)
 
-    def prepare(self, bodies: Sequence[Any]) -> list[Outcome]:
-        """Validate each body and tokenise its prompts; a failure stays in its own slot (a
-        ServiceError given as a body is that request's outcome)."""
-        self.recorder.requests(len(bodies))
-        return [self._prepare_one(body) for body in bodies]
+    def parse(self, body: Any) -> TranslationRequest:
+        """One request API body validated against the settings and the model family.
 
-    def _prepare_one(self, body: Any) -> Outcome:
-        if isinstance(body, ServiceError):  # the transport already refused it
-            return body
+        Raises InvalidRequest (400) or PayloadTooLarge (413).
+        """
+        return parse_request(body, self.settings, self.profile)
+
+    def prepare(self, requests: Sequence[TranslationRequest | ServiceError]) -> list[Outcome]:
+        """Tokenise each request's prompts; a failure stays in its own slot (a ServiceError
+        given as a request, one refused at the door, is that request's outcome)."""
+        self.recorder.requests(len(requests))
+        return [self._prepare_one(request) for request in requests]
+
+    def _prepare_one(self, request: TranslationRequest | ServiceError) -> Outcome:
+        if isinstance(request, ServiceError):
+            return request
         try:
-            return self._tokenise(parse_request(body, self.settings, self.profile))
+            return self._tokenise(request)
         except Exception as error:  # the boundary: one request's failure stays in its slot
             return as_service_error(error)
 
@@ -217,7 +224,8 @@ class TranslationService:
             text, markup = to_tags(segment, MARKUP_KIND[spec.format], tags_in_text=True)
             chosen = options
             if spec.previous_context and index > 0:
-                chosen = PromptOptions(context=segments[index - 1][-settings.max_context_chars :])
+                before = segments[index - 1][-settings.max_context_chars :]
+                chosen = PromptOptions(context=before)
             elif formatted and markup.opens:
                 chosen = PromptOptions(preserve_format="tags")
             limit = 8 + math.ceil(settings.document_length_factor * measure(segment))

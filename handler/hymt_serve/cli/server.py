@@ -1,24 +1,43 @@
-"""The ``hymt`` subcommands that start, stop, scale and talk to a running TorchServe (start,
-stop, health, drain, scale, token, translate, web); :mod:`hymt_serve.ops.cli` parses the
-command line and builds models and archives.
-"""
+"""The ``hymt`` commands that start, stop, scale and talk to a running TorchServe: start, stop,
+health, drain, scale, token and web."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+import requests
+
+from hymt_serve.ops.drain import drain
+from hymt_serve.ops.launcher import (
+    LaunchError,
+    Server,
+    handler_description,
+    model_workers,
+    start,
+    stop,
+    stop_web,
+    wait_ready,
+)
+from hymt_serve.ops.operate import (
+    ScaleRefused,
+    check_scale,
+    guard_report,
+    health,
+    liveness,
+    scale,
+)
 
 DEFAULT_MODEL = "hunyuan-mt"
 GUARD_REPORT_TIMEOUT_S = 2.0  # a line of hymt health's output: it must not stretch the probe
 
 
 def model_names(models: Sequence[str], load_models: str) -> list[str]:
+    """The model names of ``--model NAME=ARCHIVE`` entries, else of ``load_models``."""
     entries = list(models) or [e for e in load_models.split(",") if e.strip()]
     names = []
     for entry in entries:
@@ -28,21 +47,16 @@ def model_names(models: Sequence[str], load_models: str) -> list[str]:
 
 
 def _stop_and_exit(workdir: Path) -> None:
-    from hymt_serve.ops.launcher import stop
-
     stop(_server(workdir))
     raise SystemExit(128 + signal.SIGTERM)
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.launcher import LaunchError, stop, wait_ready
-    from hymt_serve.ops.launcher import start as start_server
-
     overrides = dict(item.split("=", 1) for item in args.set)
     if args.foreground:  # SIGTERM (docker stop) while the workers load: TorchServe stops too
         signal.signal(signal.SIGTERM, lambda *_: _stop_and_exit(args.workdir))
     try:
-        server, process = start_server(
+        server, process = start(
             args.config,
             args.workdir,
             model_store=args.model_store,
@@ -66,15 +80,11 @@ def cmd_start(args: argparse.Namespace) -> int:
     return process.wait()
 
 
-def _server(workdir: Path) -> Any:
-    from hymt_serve.ops.launcher import Server
-
+def _server(workdir: Path) -> Server:
     return Server(workdir.resolve())
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.launcher import stop, stop_web
-
     server = _server(args.workdir)
     if stop_web(server):
         print("web front end stopped")
@@ -84,8 +94,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.operate import guard_report, health, liveness
-
     server = _server(args.workdir)
     try:
         check = liveness if args.liveness else health
@@ -102,17 +110,12 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.drain import drain
-
     server = _server(args.workdir)
     names = args.model or model_names([], server.properties().get("load_models", ""))
     return 0 if drain(server, names, endpoint_wait=args.endpoint_wait, timeout=args.timeout) else 1
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.launcher import LaunchError
-    from hymt_serve.ops.operate import ScaleRefused, check_scale, scale
-
     server = _server(args.workdir)
     max_workers = args.max_workers if args.max_workers is not None else args.workers
     try:
@@ -121,19 +124,21 @@ def cmd_scale(args: argparse.Namespace) -> int:
     except LaunchError as error:
         print(f"hymt scale: {error}", file=sys.stderr)
         return 2 if isinstance(error, ScaleRefused) else 1
-    print(f"{args.model}: {len(statuses)} workers READY (at most {max_workers})")
+    print(f"{args.model}: {_count(len(statuses), 'worker')} READY (at most {max_workers})")
     return 0
 
 
-def _worker_ceiling(server: Any, args: argparse.Namespace) -> int:
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def _worker_ceiling(server: Server, args: argparse.Namespace) -> int:
     """On GPUs one worker per GPU, each holding a model copy; with ``share_engine`` the workers
     of a GPU hold none (they feed its engine process), so up to ``--max-cpu-workers`` per GPU.
     On CPUs the CPU ceiling."""
-    from hymt_serve.ops.launcher import handler_description, model_workers
-
     if not any(worker.get("gpu") for worker in model_workers(server, args.model)):
         return int(args.max_cpu_workers)
-    import torch
+    import torch  # only on GPUs: torch takes seconds to import
 
     gpus = max(torch.cuda.device_count(), 1)
     settings = handler_description(server, args.model).get("settings") or {}
@@ -143,8 +148,6 @@ def _worker_ceiling(server: Any, args: argparse.Namespace) -> int:
 def cmd_token(args: argparse.Namespace) -> int:
     server = _server(args.workdir)
     if args.renew:
-        import requests
-
         # TorchServe renews a key with the never-expiring "API" key and rewrites the key file.
         response = requests.get(
             f"{server.management_url()}/token",
@@ -163,27 +166,11 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_translate(args: argparse.Namespace) -> int:
-    import requests
-
-    server = _server(args.workdir)
-    body: dict[str, Any] = {"text": args.text, "target_lang": args.to}
-    if args.source:
-        body["source_lang"] = args.source
-    response = requests.post(
-        f"{server.inference_url()}/predictions/{args.model}",
-        json=body,
-        headers=server.headers("inference"),
-        timeout=300,
-    )
-    print(json.dumps(response.json(), ensure_ascii=False, indent=2))
-    return 0 if response.ok else 1
-
-
 def cmd_web(args: argparse.Namespace) -> int:
+    # Flask, waitress and the web package load only for this command (start-up of the others).
     from waitress import serve
 
-    from hymt_serve.request.errors import ConfigurationError
+    from hymt_serve.request.errors import ConfigurationError  # with the web package, as above
     from hymt_serve.web.app import create_app, is_loopback
     from hymt_serve.web.fairness import KeyLimits
     from hymt_serve.web.keys import KEYS_FILE, ClientKeys

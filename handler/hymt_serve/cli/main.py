@@ -1,10 +1,5 @@
-"""The ``hymt`` command: build the tiny model and the archive, start/stop/check TorchServe,
-print a token, translate from the command line. This module parses the command line and builds
-models and archives; the subcommands that deal with a server are in
-:mod:`hymt_serve.ops.server_cli`.
-
-Every subcommand exits 0 on success and non-zero with a message on failure.
-"""
+"""The ``hymt`` command line: build the tiny demo model and the model archive, start, scale and
+stop TorchServe, check its health, translate, serve the web page."""
 
 from __future__ import annotations
 
@@ -14,7 +9,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hymt_serve.ops.server_cli import (
+from hymt_serve.cli import translate
+from hymt_serve.cli.build import cmd_archive, cmd_quantize_fp8, cmd_tiny_model
+from hymt_serve.cli.server import (
     DEFAULT_MODEL,
     cmd_drain,
     cmd_health,
@@ -22,52 +19,28 @@ from hymt_serve.ops.server_cli import (
     cmd_start,
     cmd_stop,
     cmd_token,
-    cmd_translate,
     cmd_web,
 )
 
-
-def _cmd_tiny_model(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.tiny_model import build_tiny_model, default_tokenizer_dir
-
-    tokenizer = None if args.fallback_tokenizer else (args.tokenizer or default_tokenizer_dir())
-    out = build_tiny_model(args.out, tokenizer, tokenizer_format=args.tokenizer_format)
-    print(
-        f"tiny random-weight model written to {out} "
-        f"(tokenizer: {tokenizer or 'fallback built by this project'})"
-    )
-    return 0
-
-
-def _cmd_quantize_fp8(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.quantize import write_fp8_checkpoint
-
-    out = write_fp8_checkpoint(
-        args.model_path, args.out, device=args.device, ignore_key=args.ignore_key
-    )
-    print(f"FP8 checkpoint written to {out} (serve it as it is: quantization stays 'none')")
-    return 0
-
-
-def _cmd_archive(args: argparse.Namespace) -> int:
-    from hymt_serve.ops.archive import build_archive, parse_override
-
-    template = args.template or Path("configs") / f"model-config-{args.profile}.yaml"
-    path = build_archive(
-        model_path=args.model_path.resolve(),
-        template=template,
-        export_path=args.export_path,
-        name=args.name,
-        bundle_weights=args.bundle_weights,
-        archive_format=args.format,
-        overrides=dict(parse_override(item) for item in args.set),
-    )
-    print(f"archive written to {path}")
-    return 0
+DESCRIPTION = """\
+Serve Hunyuan-MT translation models with TorchServe: build a model archive, start, scale and
+stop the server, check its health, translate, serve the translation web page."""
+EPILOG = """\
+a first try, without a GPU: bash scripts/demo.sh (a tiny random model: its output is noise)
+then:  hymt translate "你好，世界。" --to en     echo "Good morning." | hymt translate --to fr
+every command exits 0 on success and non-zero with a message on failure;
+hymt COMMAND --help describes one command"""
+WORKDIR_HELP = "the server's work folder: keys, logs, pid files (default: run)"
+MODEL_HELP = f"the model's name on the server (default: {DEFAULT_MODEL})"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hymt", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="hymt",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     tiny = sub.add_parser("tiny-model", help="write a tiny random-weight model folder")
@@ -84,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="json",
         help="tokenizer.json, or hy.tiktoken with a remote-code config (older repositories)",
     )
-    tiny.set_defaults(func=_cmd_tiny_model)
+    tiny.set_defaults(func=cmd_tiny_model)
 
     quantize = sub.add_parser(
         "quantize-fp8",
@@ -99,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="ignored_layers",
         help="the published configs' spelling, or compressed-tensors' own",
     )
-    quantize.set_defaults(func=_cmd_quantize_fp8)
+    quantize.set_defaults(func=cmd_quantize_fp8)
 
     archive = sub.add_parser("archive", help="build the model archive into the model store")
     archive.add_argument("--model-path", type=Path, required=True)
@@ -120,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a model-config key, e.g. handler.max_new_tokens=16",
     )
-    archive.set_defaults(func=_cmd_archive)
+    archive.set_defaults(func=cmd_archive)
 
     start = sub.add_parser("start", help="start TorchServe and wait until workers are READY")
     start.add_argument("--config", type=Path, default=Path("config.properties"))
@@ -163,14 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("health", cmd_health, "exit 0 when the model translates now"),
         ("drain", cmd_drain, "fail health checks, then wait until every request is answered"),
         ("token", cmd_token, "print a token key"),
-        ("translate", cmd_translate, "translate one text"),
+        ("translate", translate.cmd_translate, "translate texts, a file or standard input"),
         ("web", cmd_web, "serve the translation web page"),
     ):
         command = sub.add_parser(name, help=text)
-        command.add_argument("--workdir", type=Path, default=Path("run"))
+        command.add_argument("--workdir", type=Path, default=Path("run"), help=WORKDIR_HELP)
         command.set_defaults(func=func)
         if name in ("health", "translate", "web"):
-            command.add_argument("--model", default=DEFAULT_MODEL)
+            command.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     sub.choices["token"].add_argument(
         "--api", choices=("inference", "management"), default="inference"
     )
@@ -230,10 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests served at once (each mostly waits on TorchServe; a refinement holds one "
         "for its whole time)",
     )
-    translate = sub.choices["translate"]
-    translate.add_argument("text")
-    translate.add_argument("--to", required=True, help="target language code")
-    translate.add_argument("--from", dest="source", help="source language code")
+    translate.add_arguments(sub.choices["translate"])
     return parser
 
 
