@@ -3,7 +3,8 @@
 It holds the request-level logic between the door (:mod:`hymt_serve.request.door`) and the
 engine and imports no torch, so it is tested with a fake engine in milliseconds. One path for
 both of TorchServe's modes: every valid request's rows are submitted to the engine
-(``submit(row, on_tokens) -> future``), then batch mode runs the engine until the batch's futures are done while async mode awaits them.
+(``submit(row, on_tokens) -> future``), then batch mode runs the engine until the batch's
+futures are done while async mode awaits them.
 A bad request becomes its own 4xx reply, a failure while generating the 5xx of the requests
 whose rows it hit, and the number of replies always equals the number of requests.
 """
