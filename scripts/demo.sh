@@ -14,7 +14,7 @@ hymt stop --workdir run >/dev/null
 hymt start --workdir run --model hunyuan-mt=hunyuan-mt.mar \
   --model hunyuan-mt-chimera=hunyuan-mt-chimera.mar
 echo
-echo "== zh -> en =="
+echo "== zh -> en (a tiny random model: expect meaningless text) =="
 hymt translate --workdir run "你好，世界。今天天气很好。" --to en
 echo "== en -> fr, with curl =="
 KEY=$(hymt token --workdir run)
@@ -37,4 +37,8 @@ TorchServe is running (inference :8080, management :8081, metrics :8082, all on 
   token:   . .venv/bin/activate && hymt token            (management: hymt token --api management)
   logs:    run/logs/
   stop:    . .venv/bin/activate && hymt stop    (TorchServe and this web page)
+
+The translations above are meaningless text on purpose: the demo serves a tiny model with random
+weights, so its words are noise, not a prompt or data from anywhere. It proves the serving
+stack; serve a downloaded Hunyuan-MT model folder for real translations (README.md).
 TXT
