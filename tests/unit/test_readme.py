@@ -1,21 +1,23 @@
-"""The documentation's request examples are valid on the demo server (the CPU profile's
-settings): every JSON body of a curl in README.md and docs/*.md."""
+"""The documentation's examples are valid on the demo server (the CPU profile's settings): every
+JSON body of a curl and every hymt command in README.md, docs/*.md and loadtest/README.md."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import yaml
 
+from hymt_serve.cli.main import build_parser
 from hymt_serve.core.settings import Settings
 from hymt_serve.request import oip
 from hymt_serve.request.families import detect_profile
 from hymt_serve.request.protocol import parse_request
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "loadtest/README.md"]
 # A curl to a model's predictions endpoint, then its -d '<json>' (the shell examples).
 CURL_BODY = re.compile(r"curl [^\n]*?/predictions/([\w-]+)[^']*?-d '(\{[^']*\})'", re.DOTALL)
 # A curl to the web front end's request API, which forwards the body to the translation model.
@@ -78,3 +80,24 @@ def test_every_v2_example_is_accepted_by_the_demo_server() -> None:
         fields, call = oip.unwrap(json.loads(body), {"Content-Type": "application/json"})
         assert call is not None
         parse_request(fields, settings, profile)
+
+
+# A shell block of the docs, and a hymt command in it: at a line's start, in $(...) or after --.
+BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.MULTILINE | re.DOTALL)
+HYMT_COMMAND = re.compile(r"(?:^|\$\(|-- )hymt ([^)\n#]*)", re.MULTILINE)
+
+
+def test_every_hymt_command_in_the_docs_parses() -> None:
+    commands = [
+        (path.name, command.strip())
+        for path in DOCS
+        for block in BASH_BLOCK.findall(path.read_text())
+        for command in HYMT_COMMAND.findall(block)
+    ]
+    assert len(commands) >= 5  # archive, start, translate, token, stop
+    parser = build_parser()
+    for name, command in commands:
+        try:
+            parser.parse_args(shlex.split(command))
+        except SystemExit as error:
+            raise AssertionError(f"{name}: hymt {command}") from error
