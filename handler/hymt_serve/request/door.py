@@ -49,8 +49,7 @@ def decode(rows: Sequence[Mapping[str, Any]], context: Any, parse: Parse) -> lis
     """Each of TorchServe's input rows as an :class:`Arrival`, in order; never raises."""
     logger.debug("batch of %d requests: %s", len(rows), rows)
     return [
-        _arrive(row, context.get_all_request_header(index), parse)
-        for index, row in enumerate(rows)
+        _arrive(row, context.get_all_request_header(index), parse) for index, row in enumerate(rows)
     ]
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 
 from hymt_serve.request.errors import InvalidRequest
-from hymt_serve.request.markup_repair import BARE_URL, EMAIL, TAG, Markup, repair, tag_number
+from hymt_serve.request.markup_repair import repair
+from hymt_serve.request.markup_tokens import BARE_URL, EMAIL, TAG, Markup, tag_number
 
 __all__ = ["EMAIL", "TAG", "Markup", "restore", "to_tags", "unwrap_target"]
 
