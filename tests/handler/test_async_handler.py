@@ -206,7 +206,7 @@ def test_a_slow_describe_does_not_hold_up_other_requests(
 ) -> None:
     """The engine process does not answer a describe call (here: the message is lost): a
     translation sent meanwhile is answered at once, the describe call times out on its own.
-    (Waiting for the answer used to block the event loop for up to 30 s.)"""
+    (Waiting for the answer on the event loop would hold up every request for up to 30 s.)"""
     handler, context = async_handler
     engine: Any = handler._service().engine
     monkeypatch.setattr(hunyuan_mt_handler, "DESCRIBE_TIMEOUT_S", 3.0)

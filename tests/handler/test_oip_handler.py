@@ -1,5 +1,6 @@
 """KServe v2 (Open Inference Protocol) requests through the handler (batch mode, fake engine):
-v2 responses beside request API replies in one batch, errors in their own slots."""
+v2 responses beside request API replies in one batch, errors in their own slots, and every
+protocol decoded into one request at the door."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import struct
 from typing import Any
 
 import pytest
-from fakes import HTTP_HEADERS, FakeEngine, make_context, set_batch
+from fakes import GRPC_HEADERS, HTTP_HEADERS, FakeEngine, make_context, set_batch
 
 from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.request import door
+from hymt_serve.request.protocol import TranslationRequest
+from hymt_serve.request.transport import Origin
 
 SETTINGS = {"model_path": "/unused", "max_new_tokens": 20, "max_texts_per_request": 4}
 
@@ -90,3 +94,26 @@ def test_binary_tensors_from_the_headers_of_their_request(handler: HunyuanMTHand
     assert [status for status, _ in replies] == [200, 400]
     assert replies[0][1]["outputs"][0]["data"] == ["GRÜSS GOTT", "你好"]
     assert "not valid JSON" in replies[1][1]["error"]
+
+
+def test_the_door_decodes_every_protocol_into_the_same_request(
+    handler: HunyuanMTHandler,
+) -> None:
+    """A v2 request, its request API body as JSON and as bytes, and over gRPC: one request
+    past the door; only the v2 one keeps what its response needs."""
+    plain = {"text": ["hello", "good night"], "target_lang": "fr", "max_new_tokens": 5}
+    v2 = v2_text("hello", "good night", target_lang="fr", max_new_tokens=5)
+    rows: list[dict[str, Any]] = [
+        {"body": v2},
+        {"body": plain},
+        {"body": json.dumps(plain).encode()},
+        {"data": json.dumps(plain).encode()},
+    ]
+    context = handler.context
+    set_batch(context, len(rows), [HTTP_HEADERS] * 3 + [GRPC_HEADERS])
+    arrivals = door.decode(rows, context, handler._service().parse)
+    assert [arrival.request for arrival in arrivals[1:]] == [arrivals[0].request] * 3
+    assert isinstance(arrivals[0].request, TranslationRequest)
+    assert arrivals[0].request.texts == ("hello", "good night")
+    assert [arrival.call is not None for arrival in arrivals] == [True, False, False, False]
+    assert [arrival.origin for arrival in arrivals] == [Origin.HTTP] * 3 + [Origin.GRPC]

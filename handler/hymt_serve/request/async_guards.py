@@ -3,10 +3,10 @@ and what the handler does about them (installed by ``initialize`` in async mode)
 
 - **The context is deep-copied for every request.** ``ts/async_service.py`` runs
   ``copy.deepcopy(self.context)`` before each call. That copies the manifest, the model config,
-  and the metric cache with every metric object in it. py-spy put the copy at 10-13 % of the
-  worker's time (benchmarks/serving/path/). What a request changes on its copy is per request
-  by construction: TorchServe sets ``request_ids``, ``request_processor`` and ``cl_socket`` on
-  it, and ``request_ids`` on its metric cache. Everything else is read-only once the model is
+  and the metric cache with every metric object in it, a sizeable share of a short request's
+  time in the worker. What a request changes on its copy is per request by construction:
+  TorchServe sets ``request_ids``, ``request_processor`` and ``cl_socket`` on it, and
+  ``request_ids`` on its metric cache. Everything else is read-only once the model is
   loaded; a metric object prints one line per update and keeps no per-request state. So
   :func:`cheap_context_copies` makes the copy shallow, giving only the metric cache a wrapper
   of its own. Every request still sees its own ids, headers and statuses.
