@@ -15,8 +15,8 @@ from fakes import GRPC_HEADERS, HTTP_HEADERS, SentParts, make_context, set_batch
 
 import hunyuan_mt_handler
 from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.request import door
-from hymt_serve.request.errors import ConfigurationError
 from hymt_serve.request.transport import Origin
 
 ASYNC = {"asyncCommunication": True}

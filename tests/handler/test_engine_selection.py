@@ -11,11 +11,12 @@ import pytest
 from fakes import make_context, set_batch
 
 from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.core.errors import ConfigurationError, DeviceOutOfMemory
 from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import GenerationRow, SamplingParams
 from hymt_serve.engine.codec import TokenCodec
 from hymt_serve.engine.engine import Engine, load_engine
-from hymt_serve.request.errors import ConfigurationError
+from hymt_serve.request.errors import as_service_error
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.request.prompts import build_prompt
 
@@ -76,19 +77,17 @@ def test_unsupported_model_falls_back_with_the_reason(
 def test_injected_out_of_memory_is_a_507_error_and_the_engine_keeps_serving(
     tiny_model_dir: Path,
 ) -> None:
-    from hymt_serve.request.errors import OutOfMemory
-
     engine = load(tiny_model_dir, engine="hf", test_oom_max_new_tokens=3)
     rows = rows_for(engine)
-    with pytest.raises(OutOfMemory) as info:
+    with pytest.raises(DeviceOutOfMemory) as info:
         engine.generate([*rows, GenerationRow(rows[0].prompt_ids, 3)])
-    assert info.value.status == 507
+    assert as_service_error(info.value).status == 507
     assert [r.output_tokens for r in engine.generate(rows)] == [10, 4, 7]
     # The rows of the failed prefill were tried alone: the others of that batch succeeded.
     futures = [engine.submit(row) for row in [*rows, GenerationRow(rows[0].prompt_ids, 3)]]
     engine.run(futures)
     assert [f.result().output_tokens for f in futures[:3]] == [10, 4, 7]
-    assert isinstance(futures[3].exception(), OutOfMemory)
+    assert isinstance(futures[3].exception(), DeviceOutOfMemory)
 
 
 @pytest.mark.parametrize("engine", ["fast", "hf"])

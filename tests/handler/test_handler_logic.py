@@ -133,7 +133,7 @@ def test_user_text_is_not_logged_above_debug(
 
 
 def test_bad_settings_stop_initialize(fake_engine: FakeEngine) -> None:
-    from hymt_serve.request.errors import ConfigurationError
+    from hymt_serve.core.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="max_new_tokens"):
         HunyuanMTHandler().initialize(make_context({**SETTINGS, "max_new_tokens": -1}))

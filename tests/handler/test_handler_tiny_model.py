@@ -274,7 +274,7 @@ def test_fallback_tokenizer_model_serves_too(fallback_model_dir: Path) -> None:
 
 
 def test_context_window_is_checked_at_load(tiny_model_dir: Path) -> None:
-    from hymt_serve.request.errors import ConfigurationError
+    from hymt_serve.core.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="max_position_embeddings"):
         engine_for(tiny_model_dir, max_input_tokens=4000, max_new_tokens=200)

@@ -22,8 +22,8 @@ from fakes import make_context
 from test_async_handler import ASYNC, BODIES, one_call, settings
 
 from hunyuan_mt_handler import HunyuanMTHandler
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.engine.process.shared import IDLE_EXIT_ENV
-from hymt_serve.request.errors import ConfigurationError
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hymt_serve.request.errors import ConfigurationError
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.web.keys import ClientKeys
 
 GOOD = {"name": "a", "key": "k" * 16, "character_limit": 10}

@@ -8,11 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from hymt_serve.core import errors as domain
+from hymt_serve.core.errors import EngineError
 from hymt_serve.request import errors
-from hymt_serve.request.errors import HTTP_PHRASES, ServiceError
+from hymt_serve.request.errors import ENGINE_STATUSES, HTTP_PHRASES, ServiceError
 
 ALL_ERRORS = [
     cls for cls in vars(errors).values() if isinstance(cls, type) and issubclass(cls, ServiceError)
+]
+ENGINE_ERRORS = [
+    cls for cls in vars(domain).values() if isinstance(cls, type) and issubclass(cls, EngineError)
 ]
 
 
@@ -45,8 +50,35 @@ def test_statuses() -> None:
     assert errors.OutOfMemory.status == 507
 
 
-# Every place the package creates a service error, with the status the client then gets.
-# A new raise site fails test_every_raise_site_is_mapped until it is added here.
+@pytest.mark.parametrize("cls", ENGINE_ERRORS, ids=lambda c: c.__name__)
+def test_every_engine_error_maps_to_a_status(cls: type[EngineError]) -> None:
+    assert cls in ENGINE_STATUSES
+    mapped = errors.as_service_error(cls("what went wrong", allowed=["x"], field="f"))
+    assert type(mapped) is ENGINE_STATUSES[cls] and mapped.status in HTTP_PHRASES
+    assert mapped.body("req-1") == {
+        "error": "what went wrong",
+        "error_type": mapped.error_type,
+        "field": "f",
+        "allowed": ["x"],
+        "request_id": "req-1",
+    }
+
+
+def test_engine_statuses() -> None:
+    statuses = {cls.__name__: ENGINE_STATUSES[cls].status for cls in ENGINE_ERRORS}
+    assert statuses == {
+        "EngineError": 500,
+        "RowRejected": 400,
+        "ContextTooLong": 413,
+        "QueueFull": 503,
+        "EngineUnavailable": 503,
+        "DeviceOutOfMemory": 507,
+        "EngineFailed": 500,
+    }
+
+
+# Every place the package creates a service error or an engine error, with the status the
+# client then gets. A new raise site fails test_every_raise_site_is_mapped until it is added.
 RAISE_SITES: dict[tuple[str, str, str], int] = {
     # The transport: what TorchServe handed over is not a body we can read.
     ("hymt_serve/request/transport.py", "body_of", "InvalidRequest"): 400,
@@ -101,24 +133,32 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/service.py", "_tokenise_document", "PayloadTooLarge"): 413,
     # The service: a text (or a document's segment) whose prompt is too long.
     ("hymt_serve/request/service.py", "_row", "PayloadTooLarge"): 413,
-    # The engine: rows it cannot take, too many waiting, the engine process gone.
-    ("hymt_serve/engine/scheduler/loop.py", "submit", "InvalidRequest"): 400,
-    ("hymt_serve/engine/scheduler/jobs.py", "put", "Overloaded"): 503,
-    ("hymt_serve/engine/runners/fast.py", "check", "PayloadTooLarge"): 413,
-    ("hymt_serve/engine/runners/hf_forward.py", "check", "PayloadTooLarge"): 413,
-    ("hymt_serve/engine/process/private.py", "submit", "Overloaded"): 503,
-    ("hymt_serve/engine/process/private.py", "describe_later", "Overloaded"): 503,
-    ("hymt_serve/engine/process/private.py", "_child_gone", "GenerationFailed"): 500,
+    # The engine (its domain errors): rows it cannot take, too many waiting, its process gone.
+    ("hymt_serve/engine/scheduler/loop.py", "submit", "RowRejected"): 400,
+    ("hymt_serve/engine/scheduler/jobs.py", "put", "QueueFull"): 503,
+    ("hymt_serve/engine/runners/fast.py", "check", "ContextTooLong"): 413,
+    ("hymt_serve/engine/runners/hf_forward.py", "check", "ContextTooLong"): 413,
+    ("hymt_serve/engine/process/private.py", "submit", "EngineUnavailable"): 503,
+    ("hymt_serve/engine/process/private.py", "describe_later", "EngineUnavailable"): 503,
+    ("hymt_serve/engine/process/private.py", "_child_gone", "EngineFailed"): 500,
     ("hunyuan_mt_handler.py", "_describe_async", "Overloaded"): 503,
-    # The one translation of every other exception.
-    ("hymt_serve/request/errors.py", "as_service_error", "OutOfMemory"): 507,
-    ("hymt_serve/request/errors.py", "as_service_error", "GenerationFailed"): 500,
+    # The one translation of every other exception of a running engine.
+    ("hymt_serve/core/errors.py", "as_engine_error", "DeviceOutOfMemory"): 507,
+    ("hymt_serve/core/errors.py", "as_engine_error", "EngineFailed"): 500,
 }
 
 
+def status_of(name: str) -> int:
+    """The status a client gets for the error class ``name`` (a service or an engine error)."""
+    if hasattr(errors, name) and issubclass(getattr(errors, name), ServiceError):
+        return int(getattr(errors, name).status)
+    return ENGINE_STATUSES[getattr(domain, name)].status
+
+
 def raise_sites() -> set[tuple[str, str, str]]:
-    """(file, function, error class) of every construction of a service error in handler/."""
-    names = {cls.__name__ for cls in ALL_ERRORS}
+    """(file, function, error class) of every construction of a service error or an engine
+    error in handler/."""
+    names = {cls.__name__ for cls in ALL_ERRORS + ENGINE_ERRORS}
     root = Path(__file__).resolve().parents[2] / "handler"
     sites = set()
     for path in root.rglob("*.py"):
@@ -138,7 +178,7 @@ def raise_sites() -> set[tuple[str, str, str]]:
 def test_every_raise_site_is_mapped() -> None:
     assert raise_sites() == set(RAISE_SITES)
     for (_, _, name), status in RAISE_SITES.items():
-        assert getattr(errors, name).status == status, name
+        assert status_of(name) == status, name
 
 
 @pytest.mark.parametrize("cls", ALL_ERRORS, ids=lambda c: c.__name__)
@@ -147,6 +187,14 @@ def test_errors_cross_a_pipe_as_themselves(cls: type[ServiceError]) -> None:
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is cls
     assert copy.body("r") == error.body("r") and str(copy) == str(error)
+
+
+@pytest.mark.parametrize("cls", ENGINE_ERRORS, ids=lambda c: c.__name__)
+def test_engine_errors_cross_a_pipe_as_themselves(cls: type[EngineError]) -> None:
+    error = cls("what went wrong", allowed={"max": 3}, field="text")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls and str(copy) == str(error)
+    assert (copy.message, copy.allowed, copy.field) == (error.message, error.allowed, error.field)
 
 
 def test_as_service_error_translates_once() -> None:
@@ -161,6 +209,21 @@ def test_as_service_error_translates_once() -> None:
     other = errors.as_service_error(KeyError("secret detail"))
     assert (type(other), other.status) == (errors.GenerationFailed, 500)
     assert "secret" not in other.message and "KeyError" in other.message
+    busy = errors.as_service_error(domain.QueueFull("busy", allowed="retry"))
+    assert (type(busy), busy.message, busy.allowed) == (errors.Overloaded, "busy", "retry")
+
+
+def test_as_engine_error_translates_once() -> None:
+    mine = domain.QueueFull("busy")
+    assert domain.as_engine_error(mine) is mine
+    oom = domain.as_engine_error(torch.OutOfMemoryError("CUDA out of memory"), rows=3)
+    assert (type(oom), oom.message) == (
+        domain.DeviceOutOfMemory,
+        "the device ran out of memory for a batch of 3 texts",
+    )
+    other = domain.as_engine_error(KeyError("secret detail"))
+    assert type(other) is domain.EngineFailed
+    assert "secret" not in other.message and "KeyError" in other.message
 
 
 def test_a_failure_logs_no_user_text_above_debug(caplog: pytest.LogCaptureFixture) -> None:
@@ -170,11 +233,11 @@ def test_a_failure_logs_no_user_text_above_debug(caplog: pytest.LogCaptureFixtur
     try:
         fail()
     except ValueError as error:
-        with caplog.at_level(logging.INFO, logger="hymt_serve.request.errors"):
+        with caplog.at_level(logging.INFO, logger="hymt_serve.core.errors"):
             errors.as_service_error(error)
         assert "ValueError at " in caplog.text and "in fail" in caplog.text
         assert "secret" not in caplog.text
         caplog.clear()
-        with caplog.at_level(logging.DEBUG, logger="hymt_serve.request.errors"):
+        with caplog.at_level(logging.DEBUG, logger="hymt_serve.core.errors"):
             errors.as_service_error(error)
         assert "secret words" in caplog.text  # the whole traceback, at DEBUG only

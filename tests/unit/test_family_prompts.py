@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
-from hymt_serve.request.errors import ConfigurationError, InvalidRequest, PayloadTooLarge
+from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 from hymt_serve.request.families import HUNYUAN_MT_7B, HY_MT15, detect_profile
 from hymt_serve.request.languages import LANGUAGES
 from hymt_serve.request.prompts import PromptOptions, build_prompt, relevant_terms

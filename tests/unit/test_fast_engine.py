@@ -7,6 +7,7 @@ import torch
 from runner_helpers import generate, scheduler_for, teacher_forced_logits
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
+from hymt_serve.core.errors import ContextTooLong, RowRejected
 from hymt_serve.core.types import GenerationRow, SamplingParams
 from hymt_serve.engine.models import hunyuan_v1_dense as step
 from hymt_serve.engine.models.weights import ModelShape
@@ -15,7 +16,6 @@ from hymt_serve.engine.runners.build import UnsupportedModelError, build_fast_ru
 from hymt_serve.engine.runners.fast import FastRunner
 from hymt_serve.engine.runners.inputs import max_blocks, packed_layout, prompt_blocks
 from hymt_serve.engine.runners.prefill import PREFILL_TOKENS
-from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 
 PROMPTS = ((1, 17, 250, 33, 91, 402, 5), (1, 300, 12), (1, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53))
 MAX_NEW = (20, 6, 13)
@@ -231,9 +231,9 @@ def test_repetition_penalty_matches_hf(model: PreTrainedModel, fast: FastRunner)
 
 
 def test_rows_that_do_not_fit_are_rejected(fast: FastRunner) -> None:
-    with pytest.raises(PayloadTooLarge, match="prompt \\+ max_new_tokens is 67"):
+    with pytest.raises(ContextTooLong, match="prompt \\+ max_new_tokens is 67"):
         generate(fast, [GenerationRow(PROMPTS[0], 60)], stop_token_ids=())
-    with pytest.raises(InvalidRequest, match="prompt"):
+    with pytest.raises(RowRejected, match="prompt"):
         generate(fast, [GenerationRow((), 4)], stop_token_ids=())
 
 
@@ -246,7 +246,7 @@ def test_a_row_may_use_the_whole_context() -> None:
     row = GenerationRow(PROMPTS[1], positions - len(PROMPTS[1]))
     [(tokens, reason)] = generate(whole, [row])
     assert (tokens, reason) == (hf_generate(model, row.prompt_ids, row.max_new_tokens), "length")
-    with pytest.raises(PayloadTooLarge):
+    with pytest.raises(ContextTooLong):
         generate(whole, [GenerationRow(PROMPTS[1], row.max_new_tokens + 1)])
 
 

@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
 from hymt_serve.engine.checkpoints import loading
 from hymt_serve.engine.checkpoints.fp8 import fp8_scheme
 from hymt_serve.engine.engine import Engine, load_engine
 from hymt_serve.engine.kernels.quantized import FP8
 from hymt_serve.ops.quantize import quantization_config, write_fp8_checkpoint
-from hymt_serve.request.errors import ConfigurationError
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from runner_helpers import FORCED, against_unquantized
 from test_fast_engine import PROMPTS, tiny_model
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.engine.checkpoints import loading
 from hymt_serve.engine.kernels.quantized import FP8, FP8_MAX, linear, quantize_tensor
-from hymt_serve.request.errors import ConfigurationError
 
 
 def reference_fp8_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
 from hymt_serve.engine.checkpoints.gptq import dequantize, gptq_config, kernel_form
 from hymt_serve.engine.engine import load_engine
 from hymt_serve.engine.kernels.weight_only import unpack_int4
 from hymt_serve.ops.quantize import gptq_pack, gptq_quantization_config, write_gptq_checkpoint
-from hymt_serve.request.errors import ConfigurationError
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.engine.runners.build import check_kernel_builds
-from hymt_serve.request.errors import ConfigurationError
 
 build = pytest.importorskip("triton.runtime.build", reason="Triton is a Linux x86_64 dependency")
 

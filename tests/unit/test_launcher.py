@@ -86,7 +86,7 @@ def test_a_refused_setting_is_read_from_the_model_log(tmp_path: Path) -> None:
     log.write_text("2026-12-01T11:06:10,434 [INFO ] W-9000-hunyuan-mt_1.0-stdout MODEL_LOG - ok\n")
     assert setting_refused(server.log_dir) is None
     prefix = "2026-12-01T11:06:26,406 [INFO ] W-9000-hunyuan-mt_1.0-stdout MODEL_LOG - "
-    error = "hymt_serve.request.errors.ConfigurationError: "
+    error = "hymt_serve.core.errors.ConfigurationError: "
     with log.open("a") as out:  # the engine process's own line, then the worker's
         out.write(f"{prefix}{error}the fast engine cannot start: no C compiler\n")
         out.write(f"{prefix}{error}the engine process failed to load: no C compiler \n")

@@ -15,6 +15,7 @@ from test_fast_engine import hf_generate, tiny_model
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from hymt_serve.core.errors import DeviceOutOfMemory
 from hymt_serve.core.types import GenerationRow
 from hymt_serve.engine.runners import prefill
 from hymt_serve.engine.runners.build import build_fast_runner
@@ -22,7 +23,6 @@ from hymt_serve.engine.runners.fast import FastRunner
 from hymt_serve.engine.runners.inputs import PackedPrompts
 from hymt_serve.engine.runners.prefill import MIXED_BUCKETS
 from hymt_serve.engine.scheduler.loop import Scheduler
-from hymt_serve.request.errors import OutOfMemory
 
 RUNNING = ((1, 5, 9, 33, 2), (1, 7, 7, 7, 40, 41, 42))
 JOINING = ((1, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69), (1, 3))
@@ -211,7 +211,7 @@ def test_a_failing_mixed_pass_fails_its_new_rows_only(
         scheduler.step()
         later = scheduler.submit(GenerationRow(JOINING[1], 5))
         scheduler.run([running, later])
-    with pytest.raises(OutOfMemory, match="ran out of memory for a batch of 1 texts"):
+    with pytest.raises(DeviceOutOfMemory, match="ran out of memory for a batch of 1 texts"):
         doomed.result(timeout=0)
     assert list(running.result().token_ids) == hf_generate(model, RUNNING[0], 10)
     assert list(later.result().token_ids) == hf_generate(model, JOINING[1], 5)

@@ -13,6 +13,7 @@ import torch
 from runner_helpers import FORCED, against_unquantized
 from test_fast_engine import PROMPTS, tiny_model
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import GenerationRow
 from hymt_serve.engine.engine import Engine, load_engine
@@ -20,7 +21,6 @@ from hymt_serve.engine.kernels.quantized import FP8, QUANTIZERS
 from hymt_serve.engine.models.weights import embed_tokens
 from hymt_serve.engine.runners.build import build_fast_runner
 from hymt_serve.ops.quantize import write_fp8_checkpoint
-from hymt_serve.request.errors import ConfigurationError
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_the_setting_is_a_boolean() -> None:
     with pytest.raises(ConfigurationError, match="quantize_lm_head must be true or false"):
         Settings.from_mapping({"model_path": "/m", "quantize_lm_head": "yes"})
     settings = Settings.from_mapping({"model_path": "/m", "quantization": "fp8"})
-    assert settings.quantize_lm_head is False
+    assert settings.loading.quantize_lm_head is False
 
 
 def load(path: Path, **settings: object) -> Engine:

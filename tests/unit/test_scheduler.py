@@ -13,13 +13,14 @@ from runner_helpers import scheduler_for
 from test_fast_engine import hf_generate, tiny_model
 from transformers import PreTrainedModel
 
+from hymt_serve.core.errors import ContextTooLong, EngineFailed, QueueFull
 from hymt_serve.core.types import FinishReason, GenerationResult, GenerationRow, SamplingParams
 from hymt_serve.engine.runners.build import build_fast_runner
 from hymt_serve.engine.runners.hf_forward import HFRunner
 from hymt_serve.engine.runners.prefill import PREFILL_TOKENS
 from hymt_serve.engine.scheduler.jobs import Readback
 from hymt_serve.engine.scheduler.loop import Scheduler
-from hymt_serve.request.errors import GenerationFailed, Overloaded, PayloadTooLarge
+from hymt_serve.request.errors import as_service_error
 
 PROMPTS = (
     (1, 17, 250, 33, 91, 402, 5),
@@ -192,7 +193,7 @@ def test_a_failure_fails_the_rows_whose_read_back_was_still_due(
         monkeypatch.setattr(scheduler._runner, "recorded_step", failing_step)
         scheduler.step()
     for future in (short, long):
-        with pytest.raises(GenerationFailed, match="MemoryError"):
+        with pytest.raises(EngineFailed, match="MemoryError"):
             future.result(timeout=0)
     monkeypatch.undo()  # the next rows are served, from free slots
     after = [scheduler.submit(GenerationRow(p, n)) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
@@ -217,9 +218,9 @@ def test_too_many_waiting_rows_are_refused_at_once(model: PreTrainedModel) -> No
         first = batcher.submit(GenerationRow(PROMPTS[1], 3))
         wait_for(lambda: batcher.describe()["waiting"] == 0)  # taken, held in its prefill
         queued = [batcher.submit(GenerationRow(PROMPTS[1], 3)) for _ in range(2)]
-        with pytest.raises(Overloaded) as refused:
+        with pytest.raises(QueueFull) as refused:
             batcher.submit(GenerationRow(PROMPTS[1], 3))
-        assert refused.value.status == 503
+        assert as_service_error(refused.value).status == 503
         gate.set()
         for future in [first, *queued]:
             assert len(future.result(timeout=60).token_ids) == 3
@@ -255,7 +256,7 @@ def test_a_failing_prefill_fails_only_its_rows(
         running = batcher.submit(GenerationRow(PROMPTS[0], MAX_NEW[0]))
         wait_for(lambda: batcher.stats["steps"] >= 3)
         doomed = batcher.submit(GenerationRow(PROMPTS[1], 7))
-        with pytest.raises(GenerationFailed, match="generation failed: MemoryError"):
+        with pytest.raises(EngineFailed, match="generation failed: MemoryError"):
             doomed.result(timeout=60)
         assert list(running.result(timeout=60).token_ids) == expected[0]
         after = batcher.submit(GenerationRow(PROMPTS[2], MAX_NEW[2])).result(timeout=60)
@@ -286,7 +287,7 @@ def test_a_failure_after_the_prefill_fails_the_batch_and_the_thread_goes_on(
         wait_for(lambda: batcher.stats["steps"] >= 3)
         joining = batcher.submit(GenerationRow(PROMPTS[1], MAX_NEW[1]))
         for future in (joining, running):
-            with pytest.raises(GenerationFailed, match="MemoryError"):
+            with pytest.raises(EngineFailed, match="MemoryError"):
                 future.result(timeout=60)
         after = [
             batcher.submit(GenerationRow(p, n))
@@ -298,9 +299,9 @@ def test_a_failure_after_the_prefill_fails_the_batch_and_the_thread_goes_on(
 
 
 def test_rows_that_do_not_fit_are_refused_on_submit(batcher: Scheduler) -> None:
-    with pytest.raises(PayloadTooLarge, match="prompt \\+ max_new_tokens is 71") as refused:
+    with pytest.raises(ContextTooLong, match="prompt \\+ max_new_tokens is 71") as refused:
         batcher.submit(GenerationRow(PROMPTS[0], 64))
-    assert refused.value.status == 413
+    assert as_service_error(refused.value).status == 413
 
 
 def test_cancelled_rows_are_skipped(model: PreTrainedModel) -> None:
@@ -405,5 +406,5 @@ def test_transformers_runner_failing_prefill_fails_only_its_row(
     futures = [scheduler.submit(row) for row in rows]
     scheduler.run(futures)
     error = futures[0].exception()
-    assert error is not None and getattr(error, "status", None) == 507
+    assert error is not None and as_service_error(error).status == 507
     assert [list(f.result().token_ids) for f in futures[1:]] == expected[:3]

@@ -5,9 +5,9 @@ from typing import Any
 
 import pytest
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import MODEL_PATH_ENV, Settings
 from hymt_serve.core.types import SamplingParams
-from hymt_serve.request.errors import ConfigurationError
 
 
 def load(raw: dict[str, Any], env: dict[str, str] | None = None) -> Settings:

@@ -12,10 +12,10 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.engine.checkpoints.tiktoken_folder import PATTERN, RANKS_FILE, read_ranks
 from hymt_serve.engine.codec import TokenCodec, encode_user_turn, read_tokenizer
 from hymt_serve.ops.tiny_model import build_fallback_tokenizer, write_tiktoken_tokenizer
-from hymt_serve.request.errors import ConfigurationError
 
 SAMPLES = [
     "Hello, world 12345!",

@@ -170,7 +170,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     # Flask, waitress and the web package load only for this command (start-up of the others).
     from waitress import serve
 
-    from hymt_serve.request.errors import ConfigurationError  # with the web package, as above
+    from hymt_serve.core.errors import ConfigurationError  # with the web package, as above
     from hymt_serve.web.app import create_app, is_loopback
     from hymt_serve.web.fairness import KeyLimits
     from hymt_serve.web.keys import KEYS_FILE, ClientKeys

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.types import SamplingParams
-from hymt_serve.request.errors import ConfigurationError
 
 MODEL_PATH_ENV = "HYMT_MODEL_PATH"
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import FinishReason, GenerationResult
 from hymt_serve.engine.checkpoints.tiktoken_folder import (
@@ -21,7 +22,6 @@ from hymt_serve.engine.checkpoints.tiktoken_folder import (
     load_tiktoken_folder,
     names_remote_tokenizer,
 )
-from hymt_serve.request.errors import ConfigurationError
 
 STOP_TOKENS = ("<|eos|>",)
 REPLACEMENT = "\ufffd"  # what decoding shows for the bytes of an incomplete character

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import HEAD_QUANTIZATIONS, Settings
 from hymt_serve.core.types import (
     TINY_MODEL_MARKER,
@@ -38,7 +39,6 @@ from hymt_serve.engine.codec import TokenCodec
 from hymt_serve.engine.runners.hf_forward import HFRunner
 from hymt_serve.engine.runners.protocol import Runner
 from hymt_serve.engine.scheduler.loop import Scheduler
-from hymt_serve.request.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +84,8 @@ class Engine:
         self, row: GenerationRow, on_tokens: OnTokens | None = None
     ) -> Future[GenerationResult]:
         """Queue one row; ``on_tokens`` gets its new token ids as they come (on the thread that
-        steps). Raises PayloadTooLarge (413) for a row that does not fit, Overloaded (503) when
-        too many rows wait; failures while generating come as the future's ServiceError."""
+        steps). Raises ContextTooLong for a row that does not fit, QueueFull when too many rows
+        wait; failures while generating come as the future's EngineError."""
         return self.scheduler.submit(row, on_tokens)
 
     def run(self, futures: Sequence[Future[Any]]) -> None:

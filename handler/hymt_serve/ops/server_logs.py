@@ -22,7 +22,7 @@ def load_failures(log_dir: Path, name: str) -> int:
     return len({line for line in lines if marker in line})  # the log writes each line twice
 
 
-_REFUSED = re.compile(r"hymt_serve\.request\.errors\.ConfigurationError: (.*)")
+_REFUSED = re.compile(r"hymt_serve\.core\.errors\.ConfigurationError: (.*)")
 
 
 def setting_refused(log_dir: Path) -> str | None:

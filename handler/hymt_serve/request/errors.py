@@ -10,26 +10,26 @@ Exception tree::
     ├── GenerationFailed          500 generation_failed: the engine failed for the whole batch
     ├── Overloaded                503 overloaded: too many rows already wait for the engine
     └── OutOfMemory               507 out_of_memory: the device ran out of memory for the batch
-    ConfigurationError            -- bad settings at start-up (not an HTTP error: the worker
-                                     refuses to start and the message says which key is wrong)
 
-Every other exception becomes one of these in one place, :func:`as_service_error`: the engine's
-scheduler calls it when rows fail, the service and the handler when a request fails otherwise.
-Service errors pickle as themselves (they cross the engine process's pipe).
+The engine raises the domain errors of :mod:`hymt_serve.core.errors`, which know no HTTP;
+every other exception becomes a service error in one place, :func:`as_service_error` (the
+service and the handler call it when a request fails). Service errors pickle as themselves.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
-import traceback
 from typing import Any, ClassVar
 
-logger = logging.getLogger(__name__)
-
-
-class ConfigurationError(ValueError):
-    """A setting in model-config.yaml's ``handler:`` section (or the environment) is invalid."""
+from hymt_serve.core.errors import (
+    ContextTooLong,
+    DeviceOutOfMemory,
+    EngineError,
+    EngineFailed,
+    EngineUnavailable,
+    QueueFull,
+    RowRejected,
+    as_engine_error,
+)
 
 
 class ServiceError(Exception):
@@ -92,42 +92,31 @@ class OutOfMemory(ServiceError):
     error_type = "out_of_memory"
 
 
+# What each engine error is to a client.
+ENGINE_STATUSES: dict[type[EngineError], type[ServiceError]] = {
+    RowRejected: InvalidRequest,
+    ContextTooLong: PayloadTooLarge,
+    QueueFull: Overloaded,
+    EngineUnavailable: Overloaded,
+    DeviceOutOfMemory: OutOfMemory,
+    EngineFailed: GenerationFailed,
+    EngineError: GenerationFailed,
+}
+
+
 def as_service_error(error: BaseException, *, rows: int = 1) -> ServiceError:
     """The one translation of a failure into what its requests get.
 
-    A ServiceError stays itself; the device running out of memory is 507 (for ``rows`` texts);
-    anything else becomes 500 generation_failed, its details kept out of the reply and, above
-    DEBUG, out of the log (its type and place only).
+    A ServiceError stays itself; an engine error becomes the service error
+    :data:`ENGINE_STATUSES` gives its class, with its message; anything else first becomes an
+    engine error (:func:`~hymt_serve.core.errors.as_engine_error`: out of memory for ``rows``
+    texts, or generation failed).
     """
     if isinstance(error, ServiceError):
         return error
-    if _out_of_memory(error):
-        return OutOfMemory(
-            f"the device ran out of memory for a batch of {rows} texts",
-            allowed="fewer or shorter texts per request, or retry",
-        )
-    # An exception's message may quote user text: above DEBUG only its type and where it rose.
-    logger.error(
-        "generation failed for %d texts: %s at %s", rows, type(error).__name__, _origin(error)
-    )
-    logger.debug("generation failure in full", exc_info=error)
-    return GenerationFailed(
-        f"generation failed: {type(error).__name__}", allowed="retry the request"
-    )
-
-
-def _origin(error: BaseException) -> str:
-    """``file:line in function`` of the frame the exception rose in ("unknown" without one)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    if not frames:
-        return "unknown"
-    frame = frames[-1]
-    return f"{frame.filename}:{frame.lineno} in {frame.name}"
-
-
-def _out_of_memory(error: BaseException) -> bool:
-    torch = sys.modules.get("torch")  # never imported here: the request side runs without it
-    return torch is not None and isinstance(error, torch.OutOfMemoryError)
+    failure = as_engine_error(error, rows=rows)
+    kind = next(ENGINE_STATUSES[cls] for cls in type(failure).__mro__ if cls in ENGINE_STATUSES)
+    return kind(failure.message, allowed=failure.allowed, field=failure.field)
 
 
 HTTP_PHRASES: dict[int, str] = {

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hymt_serve.request.errors import ConfigurationError
+from hymt_serve.core.errors import ConfigurationError
 
 # Template names (the response's per-text "template"), and which request field selects each.
 FEATURE_TEMPLATES = {

@@ -52,7 +52,7 @@ class RowFeed:
             index, self._next, self._outstanding = self._next, self._next + 1, self._outstanding + 1
         try:
             future = self._submit_row(self.rows[index])
-        except Exception as error:  # e.g. Overloaded: the request fails, its rows withdrawn
+        except Exception as error:  # e.g. QueueFull: the request fails, its rows withdrawn
             self.refusal = as_service_error(error)
             self._stop()
             self._release()

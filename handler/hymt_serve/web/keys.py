@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hymt_serve.request.errors import ConfigurationError
+from hymt_serve.core.errors import ConfigurationError
 
 KEYS_FILE = "web_keys.json"
 USAGE_FILE = "web_usage.json"

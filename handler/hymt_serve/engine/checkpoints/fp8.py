@@ -28,7 +28,7 @@ from typing import Any
 from safetensors import safe_open
 from torch import Tensor
 
-from hymt_serve.request.errors import ConfigurationError
+from hymt_serve.core.errors import ConfigurationError
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SUPPORTED = (

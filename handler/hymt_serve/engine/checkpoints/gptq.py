@@ -28,8 +28,8 @@ import torch
 from safetensors import safe_open
 from torch import Tensor, nn
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.engine.kernels.weight_only import unpack_int4
-from hymt_serve.request.errors import ConfigurationError
 
 SUPPORTED = "GPTQ 4-bit, symmetric, group_size 128 or -1, checkpoint_format gptq (v1)"
 PARTS = ("qweight", "qzeros", "scales", "g_idx")

@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
 from hymt_serve.engine.checkpoints.fp8 import Fp8Scales, fp8_scheme, read_config, read_scales
 from hymt_serve.engine.checkpoints.gptq import gptq_config, load_gptq_weights
 from hymt_serve.engine.kernels import weight_only
 from hymt_serve.engine.kernels.quantized import Int4Parts
-from hymt_serve.request.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

@@ -20,7 +20,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import TikTokenConverter
 
-from hymt_serve.request.errors import ConfigurationError
+from hymt_serve.core.errors import ConfigurationError
 
 RANKS_FILE = "hy.tiktoken"
 # The remote code's split pattern: like cl100k's, but digits one at a time.

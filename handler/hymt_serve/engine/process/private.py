@@ -6,7 +6,7 @@ loop releases it; whenever the event loop is busy, the decode loop then waits fo
 each of those points (a probe with one busy Python thread slowed a tiny model's decode step
 from 2 ms to 600 ms). So the worker keeps only the token codec, and a child process owns the
 model and the scheduler's serving thread. They talk over a pipe in the messages below; errors
-cross it as themselves (service errors pickle).
+cross it as themselves (engine errors pickle).
 
 The child exits when the pipe closes (the worker is gone). When the child dies, the texts it
 held fail with 500, new ones get 503 while a new child loads, and the worker carries on; only
@@ -36,16 +36,16 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
+from hymt_serve.core.errors import (
+    ConfigurationError,
+    EngineError,
+    EngineFailed,
+    EngineUnavailable,
+    as_engine_error,
+)
 from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import GenerationResult, GenerationRow, OnTokens
 from hymt_serve.engine.codec import TokenCodec
-from hymt_serve.request.errors import (
-    ConfigurationError,
-    GenerationFailed,
-    Overloaded,
-    ServiceError,
-    as_service_error,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Done:
 @dataclass(frozen=True)
 class Failed:
     job: int
-    error: ServiceError
+    error: EngineError
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class EngineClient:
     def _spawn(self) -> None:
         """Start the child (or, shared, connect to the GPU's engine process) and wait until
         its engine is ready; ConfigurationError if not."""
-        if self.settings.share_engine:
+        if self.settings.serving.share_engine:
             from hymt_serve.engine.process.shared import connect
 
             self._conn, ready = connect(*self._child_args, start_timeout=START_TIMEOUT_S)
@@ -174,7 +174,7 @@ class EngineClient:
         self._waiters[job] = _Waiter(future, on_tokens)
         if not self.available or not self._try_send(Submit(job, row, on_tokens is not None)):
             self._waiters.pop(job, None)
-            raise Overloaded("the engine process is restarting", allowed="retry in a minute")
+            raise EngineUnavailable("the engine process is restarting", allowed="retry in a minute")
         return future
 
     def run(self, futures: Sequence[Future[Any]]) -> None:
@@ -189,7 +189,7 @@ class EngineClient:
         if not self._try_send(Describe(job)):
             self._waiters.pop(job, None)
             future.set_exception(
-                Overloaded("the engine process is restarting", allowed="retry in a minute")
+                EngineUnavailable("the engine process is restarting", allowed="retry in a minute")
             )
         return future
 
@@ -203,7 +203,7 @@ class EngineClient:
     def close(self, timeout: float = 30.0) -> None:
         """Stop the child (tests and shutdown)."""
         self._closing = True
-        if self.settings.share_engine:  # the engine stays for the GPU's other workers
+        if self.settings.serving.share_engine:  # the engine stays for the GPU's other workers
             from hymt_serve.engine.process.shared import hang_up
 
             hang_up(self._conn)
@@ -259,7 +259,7 @@ class EngineClient:
             self._process.exitcode,
             len(waiters),
         )
-        error = GenerationFailed("the engine process stopped", allowed="retry the request")
+        error = EngineFailed("the engine process stopped", allowed="retry the request")
         for waiter in waiters.values():
             with contextlib.suppress(InvalidStateError):
                 waiter.future.set_exception(error)
@@ -333,7 +333,7 @@ def serve_connection(conn: Connection, engine: Any) -> None:
         try:
             future = engine.submit(message.row, on_tokens)
         except Exception as error:
-            outbox.put(Failed(message.job, as_service_error(error)))
+            outbox.put(Failed(message.job, as_engine_error(error)))
             continue
         future.add_done_callback(partial(_reply, outbox, message.job))
     outbox.put(None)  # ends the sender
@@ -345,8 +345,8 @@ def _tokens(outbox: Outbox, job: int, ids: list[int]) -> None:
 
 def _reply(outbox: Outbox, job: int, future: Future[GenerationResult]) -> None:
     error = future.exception()
-    if error is not None:  # the scheduler's futures only ever hold service errors
-        outbox.put(Failed(job, as_service_error(error)))
+    if error is not None:  # the scheduler's futures only ever hold engine errors
+        outbox.put(Failed(job, as_engine_error(error)))
     else:
         outbox.put(Done(job, future.result()))
 

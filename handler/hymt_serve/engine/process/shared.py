@@ -47,8 +47,8 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
-from hymt_serve.request.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.engine.checkpoints.fp8 import Fp8Scales
 from hymt_serve.engine.kernels.attention import TRITON_KERNEL, kernel_name
 from hymt_serve.engine.kernels.quantized import Int4Parts
 from hymt_serve.engine.models.weights import ModelShape, extract_weights
 from hymt_serve.engine.runners.fast import STEP_HEADROOM, FastRunner
 from hymt_serve.engine.runners.prefill import MIXED_TOKENS, PREFIX_TOKENS
-from hymt_serve.request.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 

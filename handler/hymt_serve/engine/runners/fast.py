@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from torch.cuda import CUDAGraph
 
+from hymt_serve.core.errors import ContextTooLong
 from hymt_serve.core.types import GenerationRow
 from hymt_serve.engine.kernels import ahead, quantized, weight_only
 from hymt_serve.engine.kernels.attention import kernel_name, num_splits, prompt_kernel_name
@@ -39,7 +40,6 @@ from hymt_serve.engine.runners.prefill import (
     side_stream,
 )
 from hymt_serve.engine.runners.protocol import Recorder
-from hymt_serve.request.errors import PayloadTooLarge
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class FastRunner(PackedPrefill):
         return sum(t.numel() * t.element_size() for part in self.caches for t in part)
 
     def check(self, row: GenerationRow) -> None:
-        """Raise PayloadTooLarge (413) unless ``row`` fits the cache and the model's positions.
+        """Raise ContextTooLong unless ``row`` fits the cache and the model's positions.
 
         The last generated token is never fed back, so a row uses positions up to
         ``prompt + max_new_tokens - 2``: ``prompt + max_new_tokens`` may equal both limits.
@@ -126,7 +126,7 @@ class FastRunner(PackedPrefill):
         total = len(row.prompt_ids) + row.max_new_tokens
         limit = min(self.max_seq_len, self.max_positions or self.max_seq_len)
         if total > limit:
-            raise PayloadTooLarge(
+            raise ContextTooLong(
                 f"prompt + max_new_tokens is {total} tokens",
                 allowed=f"at most {limit} (the engine's context for one text)",
                 field="max_new_tokens",

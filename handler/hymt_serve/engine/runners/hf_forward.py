@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from hymt_serve.core.errors import ContextTooLong
 from hymt_serve.core.types import GenerationRow
-from hymt_serve.request.errors import PayloadTooLarge
 
 
 class HFRunner:
@@ -41,10 +41,10 @@ class HFRunner:
         self._slots = torch.zeros(0, dtype=torch.long, device=self.device)
 
     def check(self, row: GenerationRow) -> None:
-        """Raise PayloadTooLarge (413) unless ``row`` fits the model's positions."""
+        """Raise ContextTooLong unless ``row`` fits the model's positions."""
         total = len(row.prompt_ids) + row.max_new_tokens
         if self.max_positions and total > self.max_positions:
-            raise PayloadTooLarge(
+            raise ContextTooLong(
                 f"prompt + max_new_tokens is {total} tokens",
                 allowed=f"at most {self.max_positions} (the model's max_position_embeddings)",
                 field="max_new_tokens",

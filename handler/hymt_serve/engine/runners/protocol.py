@@ -31,7 +31,7 @@ class Runner(Protocol):
     def vocab(self) -> int: ...
 
     def check(self, row: GenerationRow) -> None:
-        """Raise PayloadTooLarge unless the row fits."""
+        """Raise ContextTooLong unless the row fits."""
 
     def can_admit(self, running: int) -> bool:
         """Whether new rows may join a batch of ``running`` rows now."""

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hymt_serve.core.errors import as_engine_error
 from hymt_serve.core.types import GenerationRow
 from hymt_serve.engine.runners.inputs import to_device
 from hymt_serve.engine.runners.protocol import MixingRunner, Runner
 from hymt_serve.engine.scheduler.jobs import Job, WaitingLine
 from hymt_serve.engine.scheduler.slots import SlotState
-from hymt_serve.request.errors import as_service_error
 
 logger = logging.getLogger(__name__)
 
@@ -232,9 +232,9 @@ class Admission:
     def _fail(self, jobs: Sequence[Job], error: BaseException, *, log: bool = True) -> None:
         if not jobs:
             return
-        mapped = as_service_error(error, rows=len(jobs))
+        mapped = as_engine_error(error, rows=len(jobs))
         if log:
-            logger.warning("%d rows failed: %s", len(jobs), mapped.error_type)
+            logger.warning("%d rows failed: %s", len(jobs), type(mapped).__name__)
         if isinstance(error, torch.OutOfMemoryError):
             torch.cuda.empty_cache()
         self.stats["failed"] += len(jobs)  # the stepping thread's counter (no lock needed)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from hymt_serve.core.errors import QueueFull
 from hymt_serve.core.types import GenerationResult, GenerationRow, OnTokens
-from hymt_serve.request.errors import Overloaded
 
 IDLE_POLL_S = 0.5  # how long an idle stepping thread waits for an arrival per round
 
@@ -51,11 +51,11 @@ class WaitingLine:
         self.pending = 0  # submitted, not yet admitted (inbox and line)
 
     def put(self, job: Job) -> None:
-        """Any thread. Raises Overloaded when ``max_waiting`` rows wait already."""
+        """Any thread. Raises QueueFull when ``max_waiting`` rows wait already."""
         with self._lock:
             if self.max_waiting is not None and self.pending >= self.max_waiting:
                 self._stats["rejected"] += 1
-                raise Overloaded(
+                raise QueueFull(
                     f"{self.pending} texts already wait for the model",
                     allowed="retry after a short pause, or add workers",
                 )

@@ -14,18 +14,15 @@ between steps, gathered first since the prefill stalls the batch. Who calls it:
   running batch between decode steps and leave it when they finish (continuous batching).
 
 Which rows finished is read back after every step, one read-back in flight at a time;
-streaming rows get their new tokens at those read-backs. A row that samples a stop token (EOS,
-for a real model) is only known to have finished there, so until then it keeps its slot and its
-caller waits: with a read-back every 8 steps, as before, a row could run up to 10 steps past
-its end on the GPU. Read-backs are asynchronous (the host queues up to ``LOOKAHEAD`` more steps
-before it waits for one, so on the GPU one lands every ``LOOKAHEAD`` + 1 steps at most) and
-admitting never waits for the device, so the GPU is not left idle while the host does its
-bookkeeping. A row that reaches its length (which the host knows) leaves the batch as soon as
-the read-back that holds its last token is queued, and that read-back delivers it. The runner
-(:class:`Runner`: the fast engine's or transformers') owns the cache and the forward;
-:class:`~hymt_serve.engine.scheduler.slots.SlotState` samples and records. A failure fails the rows
-it
-touched (as :func:`~hymt_serve.request.errors.as_service_error` says); the scheduler goes on.
+streaming rows get their new tokens at those read-backs, and a row that samples a stop token
+keeps its slot until then. Read-backs are asynchronous (the host queues up to ``LOOKAHEAD``
+more steps before it waits for one) and admitting never waits for the device, so the GPU is
+not left idle while the host does its bookkeeping. A row that reaches its length (which the
+host knows) leaves the batch as soon as the read-back that holds its last token is queued.
+The runner (:class:`Runner`) owns the cache and the forward;
+:class:`~hymt_serve.engine.scheduler.slots.SlotState` samples and records. A failure fails the
+rows it touched (as :func:`~hymt_serve.core.errors.as_engine_error` says); the scheduler goes
+on.
 """
 
 from __future__ import annotations
@@ -42,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hymt_serve.core.errors import RowRejected
 from hymt_serve.core.types import (
     FinishReason,
     GenerationResult,
@@ -55,7 +53,6 @@ from hymt_serve.engine.runners.protocol import MixingRunner, RecordingRunner, Ru
 from hymt_serve.engine.scheduler.admission import Admission
 from hymt_serve.engine.scheduler.jobs import Job, Readback, WaitingLine
 from hymt_serve.engine.scheduler.slots import SlotState
-from hymt_serve.request.errors import InvalidRequest
 
 logger = logging.getLogger(__name__)
 
@@ -132,10 +129,10 @@ class Scheduler(Admission):
         self, row: GenerationRow, on_tokens: OnTokens | None = None
     ) -> Future[GenerationResult]:
         """Queue ``row``; its future gets the result. ``on_tokens`` (called on the thread that
-        steps) gets new token ids as they are known. Raises InvalidRequest or PayloadTooLarge
-        for a row the engine cannot take, Overloaded when too many rows wait already."""
+        steps) gets new token ids as they are known. Raises RowRejected or ContextTooLong for
+        a row the engine cannot take, QueueFull when too many rows wait already."""
         if not row.prompt_ids or row.max_new_tokens < 1:
-            raise InvalidRequest("a row needs at least one prompt token and max_new_tokens >= 1")
+            raise RowRejected("a row needs at least one prompt token and max_new_tokens >= 1")
         self._runner.check(row)
         job = Job(row, Future(), on_tokens)
         self._waiting.put(job)
