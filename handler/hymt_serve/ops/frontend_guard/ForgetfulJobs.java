@@ -25,7 +25,7 @@ import org.pytorch.serve.util.messages.WorkerCommands;
  *
  * <p>So every job put here is wrapped in a {@link Tracked} job that hands each reply on to the
  * real one and then, when the reply was the request's last (whole, or an error), removes itself.
- * Stream parts leave it in; a stream's last part is removed by TorchServe as before.
+ * Stream parts leave it in; a stream's last part is removed by TorchServe itself.
  *
  * <p>A reply can still come after an error: TorchServe answers every request of the worker with
  * an error when one reply comes back as a failure, and their own replies follow later. The map

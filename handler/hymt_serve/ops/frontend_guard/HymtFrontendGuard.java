@@ -34,8 +34,8 @@ import org.slf4j.LoggerFactory;
  * removes them. Nothing synchronises the two, so under load a lookup can miss (while an insert
  * resizes the table, say): the front end then throws "Unexpected job in sendResponse()", drops
  * the worker's connection, and every request in that map goes unanswered until its client gives
- * up (seen on an H200 at 256 users). And it removes a request only at a stream's last part, so
- * every error reply and every describe call stayed in the heap for good.
+ * up (seen with 256 concurrent users). And it removes a request only at a stream's last part,
+ * so every error reply and every describe call stays in the heap for good.
  *
  * <p>This plugin (loaded by TorchServe from {@code plugins_path} at start-up, before any model)
  * watches the workers and gives each new worker's aggregator a {@link ForgetfulJobs} map (a

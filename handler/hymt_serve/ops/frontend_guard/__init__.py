@@ -4,7 +4,7 @@ and forgetting every request after its last reply.
 TorchServe 0.12.0 keeps the requests each async worker has in the backend in a plain
 ``LinkedHashMap`` that two threads use without a lock (under load a reply's lookup can miss,
 and the worker's requests then go unanswered), and it removes a request only at a stream's last
-part (so every error reply stayed in its heap for good). The plugin, loaded from
+part (so every error reply stays in its heap for good). The plugin, loaded from
 ``plugins_path`` at start-up, gives each new worker a map of its own before its first request
 (``HymtFrontendGuard.java`` and ``ForgetfulJobs.java`` beside this file say how).
 
