@@ -85,7 +85,10 @@ COUNTS = {"guarded": 2, "unguarded": 0, "scan_errors": 0, "last_error": "", "in_
 @pytest.mark.parametrize(
     ("reply", "says"),
     [
-        (_Reply(200, COUNTS), "front-end guard: active (2 async worker(s) guarded"),
+        (
+            _Reply(200, COUNTS),
+            "front-end guard: active (2 async workers guarded, 0 unguarded, 3 requests in",
+        ),
         (_Reply(200, {**COUNTS, "guarded": 0}), "front-end guard: loaded, no async worker"),
         (_Reply(200, {**COUNTS, "unguarded": 1}), "front-end guard: partly active"),
         (_Reply(200, {**COUNTS, "scan_errors": 1, "last_error": "x"}), "last error: x"),

@@ -29,6 +29,7 @@ from hymt_serve.ops.operate import (
     guard_report,
     health,
     liveness,
+    plural,
     scale,
 )
 
@@ -124,12 +125,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
     except LaunchError as error:
         print(f"hymt scale: {error}", file=sys.stderr)
         return 2 if isinstance(error, ScaleRefused) else 1
-    print(f"{args.model}: {_count(len(statuses), 'worker')} READY (at most {max_workers})")
+    print(f"{args.model}: {plural(len(statuses), 'worker')} READY (at most {max_workers})")
     return 0
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _worker_ceiling(server: Server, args: argparse.Namespace) -> int:

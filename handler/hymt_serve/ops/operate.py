@@ -28,6 +28,11 @@ class ScaleRefused(LaunchError):
     """Worker counts refused before anything is sent to TorchServe."""
 
 
+def plural(number: int, noun: str) -> str:
+    """``1 worker``, ``2 workers``: a count as a user reads it."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def check_scale(workers: int, max_workers: int, ceiling: int) -> None:
     """Refuse worker counts that TorchServe 0.12.0 would take without a word (a negative count
     removes every worker, a huge one starts workers until the host runs out of memory).
@@ -154,8 +159,8 @@ def guard_report(server: Server, timeout: float = 8.0) -> str:
         )
     guarded, unguarded = counts.get("guarded", 0), counts.get("unguarded", 0)
     facts = (
-        f"{guarded} async worker(s) guarded, {unguarded} unguarded, "
-        f"{counts.get('in_backend', 0)} request(s) in the backend, "
+        f"{plural(guarded, 'async worker')} guarded, {unguarded} unguarded, "
+        f"{plural(counts.get('in_backend', 0), 'request')} in the backend, "
         f"{counts.get('forgotten', 0)} forgotten after a whole or error reply"
     )
     if counts.get("scan_errors"):
