@@ -130,23 +130,15 @@ def send_event(context: Any, index: int, event: dict[str, Any]) -> None:
 
 
 def as_last_parts(answers: Sequence[str], context: Any, origins: Sequence[Origin]) -> list[str]:
-    """Async mode: send each plain HTTP answer ahead as a stream's first parts, and return what
-    is left for its last part (nothing).
+    """Async mode: send each plain HTTP answer ahead as a stream's first parts (status,
+    headers and body, in parts of at most ``PART_BYTES``) and return what is left for its last
+    part: nothing.
 
-    TorchServe 0.12.0's front end keeps each request it hands to an async-mode worker in a map
-    and takes it out only at a reply marked as a stream's last part (``ts_stream_next:
-    false``), so a plain reply would stay there for good. A single reply marked as a last part
-    does not work either: the front end sends a stream's status line with its first part. So
-    the answer goes out first, with its status, content type and headers, and the final, empty
-    reply is the stream's last part. The client gets the same status, headers and body, in
-    chunked transfer encoding.
-
-    The parts are written from the event loop while TorchServe's sender thread writes other
-    replies to the same socket; a message the kernel takes in one piece cannot be split by
-    another writer, hence parts of at most ``PART_BYTES``. gRPC replies are last parts already
-    (:func:`encode`), a streamed request's deltas were its first parts, and an error reply
-    goes as it is (sent as a stream, a 400 reached the client cut off; the front-end plugin
-    ``hymt_serve/ops/frontend_guard`` takes it out of the map).
+    Why: TorchServe 0.12.0's front end forgets an async-mode request only at a stream's last
+    part, so a plain reply would stay in its map for good. Parts that small go into the socket
+    whole while TorchServe's sender thread writes other replies. gRPC replies, streamed
+    requests and errors go as they are (a 400 sent as a stream reaches the client cut off; the
+    front-end plugin, ``hymt_serve/ops/frontend_guard``, forgets an error once it is written).
     """
     ids = request_ids(context, len(answers))
     left = []
