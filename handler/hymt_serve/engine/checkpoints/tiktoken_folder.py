@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tokenizers import normalizers
 from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -91,8 +92,6 @@ class _Converter(TikTokenConverter):
 
 def load_tiktoken_folder(folder: Path) -> Any:
     """A fast tokenizer equivalent to the folder's remote ``HYTokenizer`` (no code run)."""
-    from tokenizers import normalizers
-
     ranks = read_ranks(folder / RANKS_FILE)
     config = _tokenizer_config(folder)
     special = _special_tokens(config, len(ranks))

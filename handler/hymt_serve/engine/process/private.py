@@ -5,8 +5,8 @@ scheduler drives the GPU. In one process both need the GIL, and every GPU call o
 loop releases it; whenever the event loop is busy, the decode loop then waits for the GIL at
 each of those points (a probe with one busy Python thread slowed a tiny model's decode step
 from 2 ms to 600 ms). So the worker keeps only the token codec, and a child process owns the
-model and the scheduler's serving thread. They talk over a pipe in the messages below; errors
-cross it as themselves (engine errors pickle).
+model and the scheduler's serving thread. They talk over a pipe in the messages of
+:mod:`hymt_serve.engine.process.connection`; errors cross it as themselves.
 
 The child exits when the pipe closes (the worker is gone). When the child dies, the texts it
 held fail with 500, new ones get 503 while a new child loads, and the worker carries on; only
@@ -24,7 +24,6 @@ import itertools
 import logging
 import multiprocessing
 import os
-import queue
 import sys
 import threading
 import time
@@ -32,73 +31,33 @@ from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
-from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
 from hymt_serve.core.errors import (
     ConfigurationError,
-    EngineError,
     EngineFailed,
     EngineUnavailable,
-    as_engine_error,
 )
 from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import GenerationResult, GenerationRow, OnTokens
 from hymt_serve.engine.codec import TokenCodec
+from hymt_serve.engine.process.connection import (
+    Describe,
+    Done,
+    Facts,
+    Failed,
+    LoadFailed,
+    Submit,
+    Tokens,
+    serve_connection,
+)
+from hymt_serve.engine.process.shared import connect, hang_up
 
 logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 1800.0
 EXIT_GRACE_S = 2.0  # for the failed requests' replies to leave before the worker exits
-
-
-# Worker -> child.
-@dataclass(frozen=True)
-class Submit:
-    job: int
-    row: GenerationRow
-    stream: bool
-
-
-@dataclass(frozen=True)
-class Describe:
-    job: int
-
-
-# Child -> worker.
-@dataclass(frozen=True)
-class Ready:
-    facts: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class LoadFailed:
-    reason: str
-
-
-@dataclass(frozen=True)
-class Tokens:
-    job: int
-    ids: list[int]
-
-
-@dataclass(frozen=True)
-class Done:
-    job: int
-    result: GenerationResult  # text left empty: the worker decodes
-
-
-@dataclass(frozen=True)
-class Failed:
-    job: int
-    error: EngineError
-
-
-@dataclass(frozen=True)
-class Facts:
-    job: int
-    facts: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -132,8 +91,6 @@ class EngineClient:
         """Start the child (or, shared, connect to the GPU's engine process) and wait until
         its engine is ready; ConfigurationError if not."""
         if self.settings.serving.share_engine:
-            from hymt_serve.engine.process.shared import connect
-
             self._conn, ready = connect(*self._child_args, start_timeout=START_TIMEOUT_S)
             self._process = _SharedProcess(int(ready.facts.get("pid", 0)))
             self.available = True
@@ -204,8 +161,6 @@ class EngineClient:
         """Stop the child (tests and shutdown)."""
         self._closing = True
         if self.settings.serving.share_engine:  # the engine stays for the GPU's other workers
-            from hymt_serve.engine.process.shared import hang_up
-
             hang_up(self._conn)
             return
         self._conn.close()
@@ -291,15 +246,13 @@ class _SharedProcess:
         pass
 
 
-Outbox = queue.SimpleQueue[Ready | Tokens | Done | Failed | Facts | None]
-
-
 def serve_child(conn: Connection, settings: Settings, gpu_id: int | None, max_waiting: int) -> None:
     """The child process: load the engine, start its serving thread, serve the pipe until it
     closes."""
     logging.basicConfig(
         level=logging.INFO, stream=sys.stdout, format="engine %(levelname)s %(name)s: %(message)s"
     )
+    # Only the engine process loads the model code (and torch): the worker keeps the codec.
     from hymt_serve.engine.engine import load_engine
 
     try:
@@ -312,51 +265,3 @@ def serve_child(conn: Connection, settings: Settings, gpu_id: int | None, max_wa
         return
     serve_connection(conn, engine)
     os._exit(0)  # the worker is gone: nothing left to serve
-
-
-def serve_connection(conn: Connection, engine: Any) -> None:
-    """Tell the worker at the other end of ``conn`` that the engine is ready, then serve its
-    messages until it closes the connection."""
-    outbox: Outbox = queue.SimpleQueue()
-    conn.send(Ready({**engine.describe(), "pid": os.getpid()}))
-    sender = threading.Thread(target=_send_all, args=(conn, outbox), daemon=True)
-    sender.start()
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            break
-        if isinstance(message, Describe):
-            outbox.put(Facts(message.job, engine.describe()))
-            continue
-        on_tokens = partial(_tokens, outbox, message.job) if message.stream else None
-        try:
-            future = engine.submit(message.row, on_tokens)
-        except Exception as error:
-            outbox.put(Failed(message.job, as_engine_error(error)))
-            continue
-        future.add_done_callback(partial(_reply, outbox, message.job))
-    outbox.put(None)  # ends the sender
-
-
-def _tokens(outbox: Outbox, job: int, ids: list[int]) -> None:
-    outbox.put(Tokens(job, ids))
-
-
-def _reply(outbox: Outbox, job: int, future: Future[GenerationResult]) -> None:
-    error = future.exception()
-    if error is not None:  # the scheduler's futures only ever hold engine errors
-        outbox.put(Failed(job, as_engine_error(error)))
-    else:
-        outbox.put(Done(job, future.result()))
-
-
-def _send_all(conn: Connection, outbox: Outbox) -> None:
-    while True:
-        message = outbox.get()
-        if message is None:
-            return
-        try:
-            conn.send(message)
-        except OSError:
-            return

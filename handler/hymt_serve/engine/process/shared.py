@@ -23,7 +23,8 @@ the worker that started it may be gone, and a pipe that nobody reads would stall
 stop`` stops it after TorchServe; otherwise it exits once no worker has been connected for
 ``HYMT_SHARED_ENGINE_IDLE_S`` seconds (30).
 
-The messages are the pipe's (:mod:`hymt_serve.engine.process.private`), one connection per worker.
+The messages are the pipe's (:mod:`hymt_serve.engine.process.connection`), one connection per
+worker.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from typing import Any
 
 from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
+from hymt_serve.engine.process.connection import serve_connection
 
 logger = logging.getLogger(__name__)
 
@@ -256,6 +258,7 @@ def serve(folder: Path) -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stdout, format="engine %(levelname)s %(name)s: %(message)s"
     )
+    # Imported here, in the engine process: the workers import this module without the model code.
     from hymt_serve.engine.engine import load_engine
 
     settings, gpu_id, max_waiting = pickle.load(sys.stdin.buffer)
@@ -284,8 +287,6 @@ def serve(folder: Path) -> None:
 
 
 def _serve_worker(conn: Connection, engine: Any, workers: _Workers) -> None:
-    from hymt_serve.engine.process.private import serve_connection
-
     try:
         serve_connection(conn, engine)
     finally:
