@@ -1,1 +1,25 @@
-"""Model architectures the fast runner can run, one module per architecture."""
+"""Model architectures the fast runner can run: one module per architecture behind
+:class:`~hymt_serve.engine.models.base.Architecture`, registered here by ``model_type``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from hymt_serve.engine.models import hunyuan_v1_dense
+from hymt_serve.engine.models.base import Architecture, UnsupportedModelError
+
+ARCHITECTURES: dict[str, Architecture] = {
+    hunyuan_v1_dense.MODEL_TYPE: hunyuan_v1_dense.ARCHITECTURE,
+}
+
+
+def architecture_for(model: nn.Module) -> Architecture:
+    """The registered architecture of ``model.config.model_type``; UnsupportedModelError if none."""
+    config: Any = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ARCHITECTURES:
+        known = ", ".join(sorted(ARCHITECTURES))
+        raise UnsupportedModelError(f"model_type must be {known}, got {config!r:.80}")
+    return ARCHITECTURES[model_type]

@@ -1,6 +1,6 @@
-"""The fast engine for ``hunyuan_v1_dense``: whether a loaded model can run on it, and building
-its :class:`~hymt_serve.engine.runners.fast.FastRunner` (static KV cache sized to the free device
-memory, inductor-compiled step functions, CUDA graphs for decode and prefill).
+"""Which runner a model gets: the fast engine's :class:`~hymt_serve.engine.runners.fast.FastRunner`
+(static KV cache sized to the free device memory, inductor-compiled step functions, CUDA graphs
+for decode and prefill) over the model's registered architecture (:mod:`hymt_serve.engine.models`).
 
 The runner reuses the HF model's weight tensors (q/k/v and gate/up are fused in place, see
 :func:`hymt_serve.engine.models.weights.fuse_linears`), so the model costs its weights once.
@@ -21,22 +21,14 @@ from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.engine.checkpoints.fp8 import Fp8Scales
 from hymt_serve.engine.kernels.attention import TRITON_KERNEL, kernel_name
 from hymt_serve.engine.kernels.quantized import Int4Parts
-from hymt_serve.engine.models.weights import ModelShape, extract_weights
+from hymt_serve.engine.models import architecture_for
+from hymt_serve.engine.models.base import UnsupportedModelError as UnsupportedModelError
 from hymt_serve.engine.runners.fast import STEP_HEADROOM, FastRunner
 from hymt_serve.engine.runners.prefill import MIXED_TOKENS, PREFIX_TOKENS
 
 logger = logging.getLogger(__name__)
 
 KV_CACHE_SHARE = 0.8  # of the device memory left after the weights
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-class UnsupportedModelError(Exception):
-    """The model cannot run on the fast engine; ``reason`` says why."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def build_fast_runner(
@@ -69,7 +61,8 @@ def build_fast_runner(
     Raises :class:`UnsupportedModelError` if the model cannot run here (or no row fits).
     """
     start = time.perf_counter()
-    shape = check_model(model)
+    architecture = architecture_for(model)
+    shape = architecture.check(model)
     if max_batch_size < 1 or max_seq_len < 2:
         raise ValueError(
             f"need max_batch_size >= 1 and max_seq_len >= 2, got {max_batch_size} and {max_seq_len}"
@@ -89,7 +82,8 @@ def build_fast_runner(
     config: Any = model.config
     with torch.inference_mode():
         runner = FastRunner(
-            extract_weights(
+            architecture,
+            architecture.extract_weights(
                 model, quantize=quantize, scales=fp8_scales, int4=int4, quantize_head=quantize_head
             ),
             shape,
@@ -140,7 +134,7 @@ def check_kernel_builds(build: Callable[[], object] | None = None) -> None:
 
 
 def _load_triton_driver() -> None:
-    from triton.runtime.driver import driver
+    from triton.runtime.driver import driver  # Triton: optional (the CPU image has none)
 
     driver.active.utils  # noqa: B018  (built, or loaded from the cache, when first reached)
 
@@ -164,65 +158,3 @@ def cache_rows(
     free, _ = torch.cuda.mem_get_info(device)
     budget = int(free * KV_CACHE_SHARE) - reserved * int(per_token)
     return min(wanted, budget // int(per_token * (max_seq_len + STEP_HEADROOM)))
-
-
-def check_model(model: nn.Module) -> ModelShape:
-    """The model's shape, or :class:`UnsupportedModelError` naming the first obstacle."""
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) != "hunyuan_v1_dense":
-        raise UnsupportedModelError(f"model_type must be hunyuan_v1_dense, got {config!r:.80}")
-    if getattr(model, "hf_quantizer", None) is not None or getattr(model, "is_quantized", False):
-        raise UnsupportedModelError("quantized weights (bitsandbytes etc.) are not supported")
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and type(module) is not nn.Linear:
-            raise UnsupportedModelError(f"{name} is a {type(module).__name__}, not nn.Linear")
-    _check_tensors(model)
-    if config.hidden_act != "silu" or config.attention_bias:  # type: ignore[union-attr]
-        raise UnsupportedModelError("only hidden_act=silu without attention bias is supported")
-    _check_rope(model)
-    return ModelShape(
-        layers=config.num_hidden_layers,  # type: ignore[union-attr]
-        heads=config.num_attention_heads,  # type: ignore[union-attr]
-        kv_heads=config.num_key_value_heads,  # type: ignore[union-attr]
-        head_dim=model.model.layers[0].self_attn.head_dim,  # type: ignore[union-attr,index]
-        eps=float(config.rms_norm_eps),  # type: ignore[union-attr]
-        vocab=config.vocab_size,  # type: ignore[union-attr]
-        norms_fit_fp16=norms_fit_fp16(model),
-    )
-
-
-FP16_NORM_INPUTS = True  # benchmarks/decode/step_ab.py turns it off to compare
-
-
-def norms_fit_fp16(model: nn.Module) -> bool:
-    """Whether every norm that feeds a projection (each layer's two, the final one) has an
-    output that fits fp16. RMSNorm divides by the root mean square, so no element of its
-    normalised input exceeds sqrt(hidden) in size (one element holding all of the sum), and
-    the output is at most sqrt(hidden) * max |g|; 1 % of headroom covers the bf16 rounding of
-    the product. With 4,096 hidden units that is any norm weight under about 1,013."""
-    if not FP16_NORM_INPUTS:
-        return False
-    core: Any = model.model
-    norms: list[torch.Tensor] = [core.norm.weight]
-    for layer in core.layers:
-        norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    largest = max(float(w.detach().abs().max()) for w in norms)
-    return bool(largest * norms[0].numel() ** 0.5 * 1.01 < torch.finfo(torch.float16).max)
-
-
-def _check_tensors(model: nn.Module) -> None:
-    devices = {p.device for p in model.parameters()}
-    dtypes = {p.dtype for p in model.parameters()}
-    if len(devices) != 1 or next(iter(devices)).type == "meta":
-        raise UnsupportedModelError(f"weights must sit on one real device, got {devices}")
-    if len(dtypes) != 1 or next(iter(dtypes)) not in _FLOAT_DTYPES:
-        raise UnsupportedModelError(f"weights must share one float dtype, got {dtypes}")
-
-
-def _check_rope(model: nn.Module) -> None:
-    hf: Any = model
-    rotary = hf.model.rotary_emb
-    params = hf.config.rope_parameters or {}
-    fixed = rotary.rope_type == "default" or (rotary.rope_type == "dynamic" and params.get("alpha"))
-    if not fixed or getattr(rotary, "attention_scaling", 1.0) != 1.0:
-        raise UnsupportedModelError(f"RoPE {params} changes with position; only fixed bases run")

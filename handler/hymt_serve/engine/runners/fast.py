@@ -29,7 +29,7 @@ from hymt_serve.core.errors import ContextTooLong
 from hymt_serve.core.types import GenerationRow
 from hymt_serve.engine.kernels import ahead, quantized, weight_only
 from hymt_serve.engine.kernels.attention import kernel_name, num_splits, prompt_kernel_name
-from hymt_serve.engine.models.hunyuan_v1_dense import forward_pass, make_step_functions, rope_tables
+from hymt_serve.engine.models.base import Architecture
 from hymt_serve.engine.models.weights import ModelShape, ModelWeights
 from hymt_serve.engine.runners.prefill import (
     MIXED_KEYS,
@@ -70,6 +70,7 @@ class FastRunner(PackedPrefill):
 
     def __init__(
         self,
+        architecture: Architecture,
         weights: ModelWeights,
         shape: ModelShape,
         *,
@@ -79,7 +80,7 @@ class FastRunner(PackedPrefill):
         prefix_entries: int = 0,
         mixed_tokens: int = MIXED_TOKENS,
     ) -> None:
-        self.weights, self.shape = weights, shape
+        self.architecture, self.weights, self.shape = architecture, weights, shape
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.max_positions = max_positions
         self.cache_len = cache_len = max_seq_len + STEP_HEADROOM
@@ -96,11 +97,11 @@ class FastRunner(PackedPrefill):
             dtype=dtype,
         )
         self.caches = (list(self.kv[0].unbind()), list(self.kv[1].unbind()))
-        self.rope = rope_tables(weights.inv_freq, cache_len, dtype)
+        self.rope = architecture.rope_tables(weights, cache_len)
         self.tokens = torch.zeros(max_batch_size, dtype=torch.int64, device=device)
         self.positions = torch.zeros_like(self.tokens)
         self.slots = torch.full_like(self.tokens, self.scratch_slot)
-        self.fns = make_step_functions(shape, compile_=False)
+        self.fns = architecture.step_functions(shape, compile_=False)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.recorder: Recorder | None = None
         self.recorded_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -254,7 +255,9 @@ class FastRunner(PackedPrefill):
 
     def _forward(self, bucket: int) -> Tensor:
         batch = (self.tokens[:bucket], self.positions[:bucket], self.slots[:bucket])
-        return forward_pass(self.weights, self.shape, self.fns, self.rope, self.caches, batch)
+        return self.architecture.forward(
+            self.weights, self.shape, self.fns, self.rope, self.caches, batch
+        )
 
     def capture(self, compile_: bool) -> None:
         """Compile (optionally) and capture one CUDA graph per bucket, largest first; our
@@ -298,13 +301,13 @@ class FastRunner(PackedPrefill):
     def _capture(self, compile_: bool) -> None:
         start = time.perf_counter()
         if compile_:
-            self.fns = make_step_functions(self.shape, compile_=True)
+            self.fns = self.architecture.step_functions(self.shape, compile_=True)
             self.compiled = True
             try:
                 self._warm_up()
             except Exception:  # a compiler failure costs speed, not service
                 logger.exception("fast engine: torch.compile failed, capturing the eager step")
-                self.fns = make_step_functions(self.shape, compile_=False)
+                self.fns = self.architecture.step_functions(self.shape, compile_=False)
                 self.compiled = False
         self._warm_up()
         self.timings["warmup_compile_s"] = time.perf_counter() - start

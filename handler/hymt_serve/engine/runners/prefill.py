@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.models.hunyuan_v1_dense import StepFunctions, forward_pass
+from hymt_serve.engine.models.base import Architecture
 from hymt_serve.engine.models.weights import ModelShape, ModelWeights
 from hymt_serve.engine.runners.inputs import (
     PackedPrompts,
@@ -43,9 +44,10 @@ MIXED_ROWS = 32
 class PackedPrefill:
     """Prefill for :class:`~hymt_serve.engine.runners.fast.FastRunner` (its attributes below)."""
 
+    architecture: Architecture
     weights: ModelWeights
     shape: ModelShape
-    fns: StepFunctions
+    fns: Any  # the architecture's step functions
     rope: tuple[Tensor, Tensor]
     caches: tuple[list[Tensor], list[Tensor]]
     kv: Tensor
@@ -244,7 +246,7 @@ class PackedPrefill:
         """The first ``bucket`` batch positions' decode step (none when 0) with ``batch``'s
         prompt tokens."""
         decode = (self.tokens[:bucket], self.positions[:bucket], self.slots[:bucket])
-        return forward_pass(
+        return self.architecture.forward(
             self.weights, self.shape, self.fns, self.rope, self.caches, decode if bucket else None,
             batch,
         )  # fmt: skip
