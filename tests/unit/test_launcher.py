@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from hymt_serve.cli.server import model_names as _model_names
 from hymt_serve.ops import launcher
 from hymt_serve.ops.archive import parse_override, render_model_config
 from hymt_serve.ops.launcher import Server
 from hymt_serve.ops.properties import render_properties
-from hymt_serve.cli.server import model_names as _model_names
 from hymt_serve.ops.server_logs import LOG_CONFIG, import_failed, setting_refused
 
 
