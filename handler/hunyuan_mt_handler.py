@@ -172,8 +172,8 @@ def _load_engine(context: Any, settings: Settings, async_mode: bool) -> Any:
     if async_mode:
         cheap_context_copies(context)  # TorchServe deep-copies it for every request
         drop_entry_point_prints()  # and prints a debug line for every request
-        return EngineClient(settings, gpu_id, settings.max_waiting_rows)
-    if settings.share_engine:
+        return EngineClient(settings, gpu_id, settings.serving.max_waiting_rows)
+    if settings.serving.share_engine:
         raise ConfigurationError(
             "share_engine: true shares the async mode's engine process; set "
             "asyncCommunication: true (and batchSize: 1), or leave share_engine false"
@@ -205,7 +205,7 @@ def _engines(context: Any, settings: Settings) -> int:
     """How many engines this model may run on this host: one per worker (the larger of
     minWorkers and maxWorkers; workers added through the management API beyond them are not
     counted), or one when the workers share it."""
-    if settings.share_engine:
+    if settings.serving.share_engine:
         return 1
     config = getattr(context, "model_yaml_config", None) or {}
     counts = [config.get(key) for key in ("minWorkers", "maxWorkers")]

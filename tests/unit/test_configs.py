@@ -1,4 +1,5 @@
-"""The shipped config files: metrics declared once, secure defaults, valid model configs."""
+"""The shipped config files: metrics declared once, secure defaults, valid model configs, and
+a configuration reference that matches the settings' definitions."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hymt_serve.core import reference
 from hymt_serve.core.settings import Settings
 from hymt_serve.ops.properties import read_properties
 from hymt_serve.request.metrics import DECLARED
@@ -60,3 +62,32 @@ def test_model_configs_are_valid(profile: str) -> None:
         assert isinstance(config[key], int) and not isinstance(config[key], bool), key
     assert config["maxBatchDelay"] > 0  # 0 silently becomes 100 ms
     Settings.from_mapping({**config["handler"], "model_path": "/m"}, environ={})
+
+
+def test_the_configuration_reference_is_current() -> None:
+    doc = REPO / reference.DOC
+    assert reference.render(doc.read_text(encoding="utf-8")) == doc.read_text(encoding="utf-8"), (
+        f"{reference.DOC} is stale: run `{reference.COMMAND}` from the repository's root"
+    )
+
+
+def test_the_reference_names_every_key_with_its_bounds() -> None:
+    from hymt_serve.core.config import CONCERNS, specs
+
+    block = reference.reference()
+    for name in reference.TITLES:
+        for field_, spec in specs(CONCERNS[name]):
+            assert f"| `{field_.name}` | {spec.kind} |" in block
+            assert spec.bounds() in block and spec.doc in block
+    assert "test_oom" not in block
+
+
+def test_the_reference_check_fails_on_a_stale_file(tmp_path: Path) -> None:
+    stale = tmp_path / "configuration.md"
+    stale.write_text(f"intro\n{reference.BEGIN}\nold\n{reference.END}\nend\n", encoding="utf-8")
+    assert reference.main(["--check", "--doc", str(stale)]) == 1
+    assert reference.main(["--doc", str(stale)]) == 0
+    assert reference.main(["--check", "--doc", str(stale)]) == 0
+    assert stale.read_text(encoding="utf-8").startswith("intro\n") and "max_new_tokens" in (
+        stale.read_text(encoding="utf-8")
+    )

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from hymt_serve.core.settings import CHOICES, Settings
+from hymt_serve.core.config import Loading, spec_of
+from hymt_serve.core.settings import Settings
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 from hymt_serve.request.families import (
     CHIMERA,
@@ -30,7 +31,7 @@ SETTINGS = Settings.from_mapping(
 
 
 def test_every_profile_is_a_setting_choice() -> None:
-    assert CHOICES["prompt_family"] == ("auto", *PROFILES)
+    assert spec_of(Loading, "prompt_family").choices == ("auto", *PROFILES)
 
 
 def test_hy_mt2_plain_and_terminology_in_both_languages() -> None:

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hymt_serve.core.settings import FLOAT_BOUNDS, INT_BOUNDS, SAMPLING_FLOATS, Settings
+from hymt_serve.core.config import Sampling, spec_of
+from hymt_serve.core.settings import Settings
 from hymt_serve.request.errors import (
     InvalidRequest,
     PayloadTooLarge,
@@ -79,6 +80,7 @@ def spellings(code: str) -> st.SearchStrategy[str]:
     )
 
 
+TOP_K = spec_of(Sampling, "top_k")
 codes = st.sampled_from(SUPPORTED_CODES)
 visible_text = st.text(min_size=1, max_size=MAX_CHARS).filter(str.strip)
 sampling_values = st.fixed_dictionaries(
@@ -86,7 +88,7 @@ sampling_values = st.fixed_dictionaries(
     optional={
         "temperature": st.floats(min_value=0.01, max_value=10.0),
         "top_p": st.floats(min_value=0.01, max_value=1.0),
-        "top_k": st.integers(*INT_BOUNDS["top_k"]),
+        "top_k": st.integers(int(TOP_K.low), int(TOP_K.high)),
         "repetition_penalty": st.floats(min_value=0.01, max_value=10.0),
     },
 )
@@ -165,10 +167,10 @@ def assert_within_limits(request: TranslationRequest, body: dict[str, Any]) -> N
     else:
         assert body["sampling"] is True
         params = vars(request.sampling)
-        for key in SAMPLING_FLOATS:
-            low, high, _ = FLOAT_BOUNDS[key]
+        for key in ("temperature", "top_p", "repetition_penalty"):
+            low, high = spec_of(Sampling, key).low, spec_of(Sampling, key).high
             assert math.isfinite(params[key]) and low < params[key] <= high
-        assert INT_BOUNDS["top_k"][0] <= params["top_k"] <= INT_BOUNDS["top_k"][1]
+        assert TOP_K.low <= params["top_k"] <= TOP_K.high
 
 
 # --- properties ------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ def test_every_request_example_is_accepted_by_the_demo_server() -> None:
     assert len(bodies) >= 9
     settings = demo_settings()
     for _, (model, body) in bodies:
-        family = DEMO_MODELS[model] or settings.prompt_family
+        family = DEMO_MODELS[model] or settings.loading.prompt_family
         profile = detect_profile(settings.model_path, family)
         parse_request(json.loads(body), settings, profile)  # raises InvalidRequest, PayloadTooLarge
 
@@ -62,7 +62,7 @@ def test_every_web_request_example_is_accepted_by_the_demo_server() -> None:
     bodies = doc_bodies(WEB_CURL_BODY)
     assert bodies  # /api/refine in families.md
     settings = demo_settings()
-    profile = detect_profile(settings.model_path, settings.prompt_family)
+    profile = detect_profile(settings.model_path, settings.loading.prompt_family)
     for _, (body,) in bodies:
         parse_request(json.loads(body), settings, profile)
 
@@ -75,7 +75,7 @@ def test_every_v2_example_is_accepted_by_the_demo_server() -> None:
     found = doc_bodies(V2_CURL_BODY)
     assert found
     settings = demo_settings()
-    profile = detect_profile(settings.model_path, settings.prompt_family)
+    profile = detect_profile(settings.model_path, settings.loading.prompt_family)
     for _, (_, body) in found:
         fields, call = oip.unwrap(json.loads(body), {"Content-Type": "application/json"})
         assert call is not None

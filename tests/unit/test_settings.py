@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from hymt_serve.core.config import CONCERNS, Quantization, specs
 from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import MODEL_PATH_ENV, Settings
 from hymt_serve.core.types import SamplingParams
@@ -17,8 +18,9 @@ def load(raw: dict[str, Any], env: dict[str, str] | None = None) -> Settings:
 def test_defaults_and_model_card_sampling() -> None:
     settings = load({"model_path": "/models/mt"})
     assert settings.model_path == Path("/models/mt")
-    assert (settings.device, settings.dtype, settings.attention) == ("auto", "auto", "auto")
-    assert settings.quantization == "none"
+    loading = settings.loading
+    assert (loading.device, loading.dtype, loading.attention) == ("auto", "auto", "auto")
+    assert settings.loading.quantization == "none"
     assert settings.sampling == SamplingParams(0.7, 0.6, 20, 1.05)
 
 
@@ -34,12 +36,14 @@ def test_environment_overrides_model_path() -> None:
 
 def test_choices_are_normalised() -> None:
     settings = load({"model_path": "/m", "dtype": " BFloat16 ", "quantization": None})
-    assert settings.dtype == "bfloat16"
-    assert settings.quantization == "none"
-    assert load({"model_path": "/m", "blas_library": "cuBLASLt"}).blas_library == "cublaslt"
-    assert load({"model_path": "/m"}).blas_library == "cublas"
-    assert load({"model_path": "/m"}).one_row_kernel == "auto"
-    assert load({"model_path": "/m", "one_row_kernel": "cuBLAS"}).one_row_kernel == "cublas"
+    assert settings.loading.dtype == "bfloat16"
+    assert settings.loading.quantization == "none"
+    assert settings.loading.quantization is Quantization.NONE
+    assert load({"model_path": "/m", "blas_library": "cuBLASLt"}).loading.blas_library == "cublaslt"
+    assert load({"model_path": "/m"}).loading.blas_library == "cublas"
+    assert load({"model_path": "/m"}).loading.one_row_kernel == "auto"
+    loaded = load({"model_path": "/m", "one_row_kernel": "cuBLAS"})
+    assert loaded.loading.one_row_kernel == "cublas"
 
 
 def test_the_blas_library_applies_on_cuda_only() -> None:
@@ -117,7 +121,7 @@ def test_settings_are_frozen_and_public_view_is_json_ready() -> None:
 
     settings = load({"model_path": "/m"})
     with pytest.raises(AttributeError):
-        settings.max_new_tokens = 5  # type: ignore[misc]
+        settings.limits.max_new_tokens = 5  # type: ignore[misc]
     assert json.loads(json.dumps(settings.public()))["sampling"]["top_k"] == 20
 
 
@@ -140,7 +144,7 @@ def test_cpu_threads_share_the_cores_among_engines(
 
     monkeypatch.setattr(module, "usable_cpus", lambda: cores)
     settings = load({"model_path": "/m", **raw}).with_cpu_threads(engines, env)
-    assert settings.cpu_threads == threads
+    assert settings.loading.cpu_threads == threads
 
 
 @pytest.mark.parametrize(
@@ -168,3 +172,37 @@ def test_the_cpu_plan_sets_the_threads_it_reports() -> None:
     assert plan_load(settings).cpu_threads == 3
     auto = plan_load(load({"model_path": "/m", "device": "cpu"}))
     assert auto.cpu_threads >= 1  # PyTorch's own count, left as it is
+
+
+def test_the_public_view_keeps_the_flat_keys_of_model_config() -> None:
+    """The describe output's ``settings`` names each key as model-config.yaml writes it."""
+    view = load({"model_path": "/m", "quantization": "int8", "max_new_tokens": 20}).public()
+    keys = {f.name for name, config in CONCERNS.items() if name != "sampling"
+            for f, _ in specs(config)}  # fmt: skip
+    assert set(view) == keys | {"model_path", "sampling"}
+    assert (view["quantization"], view["max_new_tokens"]) == ("int8", 20)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [({"quantize_lm_head": True, "quantization": "nf4"}, "quantize_lm_head needs quantization"),
+     ({"top_k": 0}, "top_k must be an integer in [1, 1000], got 0"),
+     ({"document_length_factor": 0.0}, "document_length_factor must be a number in (0.0, 100.0]"),
+     ({"share_engine": "yes"}, "share_engine must be true or false, got 'yes'")],
+)  # fmt: skip
+def test_every_kind_of_key_names_its_bound(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        load({"model_path": "/m", **raw})
+    assert message in str(info.value)
+
+
+def test_quantization_knows_its_engine_and_head() -> None:
+    fast = {q for q in Quantization if q.fast}
+    assert fast == {Quantization.FP8, Quantization.INT8, Quantization.INT4}
+    assert {q for q in Quantization if q.bitsandbytes} == {Quantization.BNB_INT8, Quantization.NF4}
+    assert {q for q in Quantization if q.head_may_follow} == fast | {Quantization.GPTQ_INT4}
+    assert "gptq-int4" not in Quantization.settable()
+    assert Quantization.INT4.fits_checkpoint(Quantization.GPTQ_INT4)
+    assert not Quantization.FP8.fits_checkpoint(Quantization.GPTQ_INT4)
+    assert Quantization.NONE.fits_checkpoint(Quantization.FP8)
+    assert not Quantization.INT8.fits_checkpoint(Quantization.FP8)

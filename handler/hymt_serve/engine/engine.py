@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from hymt_serve.core.config import Quantization
 from hymt_serve.core.errors import ConfigurationError
-from hymt_serve.core.settings import HEAD_QUANTIZATIONS, Settings
+from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import (
     TINY_MODEL_MARKER,
     FinishReason,
@@ -30,8 +31,6 @@ from hymt_serve.core.types import (
     OnTokens,
 )
 from hymt_serve.engine.checkpoints.loading import (
-    BITSANDBYTES,
-    FAST_QUANTIZATION,
     LoadedModel,
     load_model,
 )
@@ -42,6 +41,7 @@ from hymt_serve.engine.scheduler.loop import Scheduler
 
 logger = logging.getLogger(__name__)
 
+GPTQ = Quantization.GPTQ_INT4.value  # a GPTQ checkpoint's, whatever the setting says
 HANG_SECONDS = 3600.0  # test_hang_max_new_tokens: far past any response timeout
 
 
@@ -65,7 +65,7 @@ class Engine:
             runner,
             codec.stop_ids,
             codec.result if decode else _ids_only,
-            max_seq_len=settings.max_input_tokens + settings.max_new_tokens,
+            max_seq_len=settings.limits.max_input_tokens + settings.limits.max_new_tokens,
             max_waiting=max_waiting,
             before_prefill=_fault_injection(settings),
         )
@@ -128,7 +128,7 @@ class Engine:
             "weights_format": _weights_format_of(self.loaded, self.fast),
             **self.loaded.plan.describe(),
             # a GPTQ checkpoint is quantized whatever the setting says (hymt_engine_info too)
-            **({"quantization": "gptq-int4"} if self.loaded.int4 is not None else {}),
+            **({"quantization": GPTQ} if self.loaded.int4 is not None else {}),
         }
 
 
@@ -140,8 +140,8 @@ def _weights_format_of(loaded: LoadedModel, fast: bool) -> str:
     parts = [loaded.checkpoint_format or str(loaded.model.dtype).removeprefix("torch.")]
     if loaded.int4 is not None:
         parts.append("int4 weight-only in the fast engine" if fast else "dequantized at load")
-    elif loaded.plan.quantization in FAST_QUANTIZATION:
-        parts.append(f"quantized to {loaded.plan.quantization} at load")
+    elif loaded.plan.quantization.fast:
+        parts.append(f"quantized to {loaded.plan.quantization.value} at load")
     return ", then ".join(parts)
 
 
@@ -180,43 +180,45 @@ def _pick_runner(
     loaded: LoadedModel, codec: TokenCodec, settings: Settings
 ) -> tuple[Runner, str | None]:
     """The fast runner, or the transformers runner and why not the fast one."""
-    wanted, plan = settings.engine, loaded.plan
-    own = plan.quantization in FAST_QUANTIZATION  # the fast engine's own: no fallback
-    head_follows = plan.quantization in HEAD_QUANTIZATIONS or loaded.int4 is not None
-    if settings.quantize_lm_head and not head_follows:
+    wanted, plan = settings.loading.engine, loaded.plan
+    own = plan.quantization.fast  # the fast engine's own: no fallback
+    head_follows = plan.quantization.head_may_follow or loaded.int4 is not None
+    if settings.loading.quantize_lm_head and not head_follows:
         raise ConfigurationError(
             "quantize_lm_head quantizes the LM head beside fp8, int8 or int4 projections; this "
-            f"model's are {plan.quantization}: set quantization 'fp8', 'int8' or 'int4', or "
+            f"model's are {plan.quantization.value}: set quantization 'fp8', 'int8' or 'int4', or "
             "leave quantize_lm_head false"
         )
     if own and wanted == "hf":
         raise ConfigurationError(
-            f"quantization {plan.quantization!r} runs on the fast engine: set engine auto"
+            f"quantization {plan.quantization.value!r} runs on the fast engine: set engine auto"
         )
-    hf = HFRunner(loaded.model, pad_id=codec.pad_id, max_batch_size=settings.max_batch_rows)
+    rows = settings.scheduler.max_batch_rows
+    hf = HFRunner(loaded.model, pad_id=codec.pad_id, max_batch_size=rows)
     if wanted == "hf":
         return hf, None
     if wanted == "auto" and plan.device.type != "cuda" and not own:
         return hf, "auto: no CUDA device"
-    if plan.quantization in BITSANDBYTES:
-        return hf, f"quantization {plan.quantization!r} (bitsandbytes weights)"
+    if plan.quantization.bitsandbytes:
+        return hf, f"quantization {plan.quantization.value!r} (bitsandbytes weights)"
     from hymt_serve.engine.runners.build import UnsupportedModelError, build_fast_runner
 
     try:
         runner: Runner = build_fast_runner(
             loaded.model,
-            max_batch_size=settings.max_batch_rows,
-            max_seq_len=settings.max_input_tokens + settings.max_new_tokens,
-            quantize=plan.quantization if own else "none",
+            max_batch_size=settings.scheduler.max_batch_rows,
+            max_seq_len=settings.limits.max_input_tokens + settings.limits.max_new_tokens,
+            quantize=plan.quantization if own else Quantization.NONE,
             fp8_scales=loaded.fp8_scales,
             int4=loaded.int4,
-            quantize_head=settings.quantize_lm_head,
-            prefix_entries=settings.prefix_cache_entries,
-            mixed_tokens=settings.mixed_step_tokens,
+            quantize_head=settings.loading.quantize_lm_head,
+            prefix_entries=settings.scheduler.prefix_cache_entries,
+            mixed_tokens=settings.scheduler.mixed_step_tokens,
         )
     except UnsupportedModelError as error:
         if own:
-            reason = f"quantization {plan.quantization!r} needs the fast engine: {error.reason}"
+            name = plan.quantization.value
+            reason = f"quantization {name!r} needs the fast engine: {error.reason}"
             raise ConfigurationError(reason) from None
         return hf, error.reason
     return runner, None
@@ -230,7 +232,7 @@ def _fault_injection(settings: Settings) -> Callable[[Sequence[GenerationRow]], 
     """Test-only settings, checked before each prefill: a row asking for
     ``test_oom_max_new_tokens`` makes its prefill run out of memory; one asking for
     ``test_hang_max_new_tokens`` hangs the engine (a wedged worker). None when neither is set."""
-    oom, hang = settings.test_oom_max_new_tokens, settings.test_hang_max_new_tokens
+    oom, hang = settings.faults.test_oom_max_new_tokens, settings.faults.test_hang_max_new_tokens
     if not (oom or hang):
         return None
 

@@ -56,10 +56,10 @@ def parse_document(
             field="document",
         )
     size = len(text.encode("utf-8"))
-    if size > settings.max_document_bytes:
+    if size > settings.limits.max_document_bytes:
         raise PayloadTooLarge(
             f"document has {size} bytes (UTF-8)",
-            allowed=f"at most {settings.max_document_bytes} bytes",
+            allowed=f"at most {settings.limits.max_document_bytes} bytes",
             field="document",
         )
     kind = fields.get("format", "text")

@@ -75,9 +75,9 @@ def parse_features(
         )
     options = PromptOptions(
         glossary=_glossary(fields["glossary"], settings) if "glossary" in fields else (),
-        context=_text(fields, "context", settings.max_context_chars),
+        context=_text(fields, "context", settings.limits.max_context_chars),
         preserve_format=_markup(fields["preserve_format"]) if "preserve_format" in fields else None,
-        style=_text(fields, "style", settings.max_instruction_chars),
+        style=_text(fields, "style", settings.limits.max_instruction_chars),
         preferences=_preferences(fields["preferences"], settings)
         if "preferences" in fields
         else (),
@@ -97,10 +97,10 @@ def _glossary(value: Any, settings: Settings) -> tuple[GlossaryPair, ...]:
             allowed='[{"source": "term", "target": "translation"}, ...]',
             field="glossary",
         )
-    if len(value) > settings.max_glossary_terms:
+    if len(value) > settings.limits.max_glossary_terms:
         raise PayloadTooLarge(
             f"glossary has {len(value)} pairs",
-            allowed=f"at most {settings.max_glossary_terms} pairs per request",
+            allowed=f"at most {settings.limits.max_glossary_terms} pairs per request",
             field="glossary",
         )
     return tuple(_pair(item, index, settings) for index, item in enumerate(value))
@@ -114,8 +114,9 @@ def _pair(item: Any, index: int, settings: Settings) -> GlossaryPair:
             allowed='{"source": "term", "target": "translation"}',
             field="glossary",
         )
-    source = _one_line(item["source"], f"{where}.source", "glossary", settings.max_term_chars)
-    target = _one_line(item["target"], f"{where}.target", "glossary", settings.max_term_chars)
+    most = settings.limits.max_term_chars
+    source = _one_line(item["source"], f"{where}.source", "glossary", most)
+    target = _one_line(item["target"], f"{where}.target", "glossary", most)
     return source, target
 
 
@@ -181,7 +182,7 @@ def _preferences(value: Any, settings: Settings) -> tuple[str, ...]:
             field="preferences",
         )
     return tuple(
-        _one_line(item, f"preferences[{i}]", "preferences", settings.max_instruction_chars)
+        _one_line(item, f"preferences[{i}]", "preferences", settings.limits.max_instruction_chars)
         for i, item in enumerate(value)
     )
 
@@ -219,7 +220,7 @@ def _candidate_list(value: Any, index: int, settings: Settings, single: bool) ->
             allowed=f"1 to {MAX_CANDIDATES} strings",
             field="candidates",
         )
-    limit = settings.max_chars_per_text
+    limit = settings.limits.max_chars_per_text
     return tuple(
         _bounded(item, f"{where}[{position}]", "candidates", limit)
         for position, item in enumerate(value)

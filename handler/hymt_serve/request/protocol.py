@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hymt_serve.core.settings import FLOAT_BOUNDS, INT_BOUNDS, Settings
+from hymt_serve.core.config import Sampling, spec_of
+from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import SamplingParams
 from hymt_serve.request.document_fields import DOCUMENT_FIELDS, DocumentInput, parse_document
 from hymt_serve.request.errors import (
@@ -172,7 +173,9 @@ def parse_request(
         single=single,
         source=source,
         target=target,
-        max_new_tokens=_max_new_tokens(fields.get("max_new_tokens"), settings.max_new_tokens),
+        max_new_tokens=_max_new_tokens(
+            fields.get("max_new_tokens"), settings.limits.max_new_tokens
+        ),
         sampling=_sampling(fields, settings.sampling),
         stream=_stream(fields, single or document is not None, features),
         features=features,
@@ -207,10 +210,10 @@ def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
             allowed="string or list of strings",
             field="text",
         )
-    if len(items) > settings.max_texts_per_request:
+    if len(items) > settings.limits.max_texts_per_request:
         raise PayloadTooLarge(
             f"{len(items)} texts in one request",
-            allowed=f"at most {settings.max_texts_per_request}",
+            allowed=f"at most {settings.limits.max_texts_per_request}",
             field="text",
         )
     for index, item in enumerate(items):
@@ -233,10 +236,10 @@ def _texts(value: Any, settings: Settings) -> tuple[tuple[str, ...], bool]:
                 allowed="text with at least one visible character",
                 field="text",
             )
-        if len(item) > settings.max_chars_per_text:
+        if len(item) > settings.limits.max_chars_per_text:
             raise PayloadTooLarge(
                 f"{where} has {len(item)} characters",
-                allowed=f"at most {settings.max_chars_per_text}",
+                allowed=f"at most {settings.limits.max_chars_per_text}",
                 field="text",
             )
     return tuple(items), single
@@ -307,8 +310,9 @@ def _sampling(fields: Mapping[str, Any], defaults: SamplingParams) -> SamplingPa
 
 
 def _check_sampling_value(key: str, value: Any) -> None:
+    spec = spec_of(Sampling, key)
     if key == "top_k":
-        low, high = INT_BOUNDS["top_k"]
+        low, high = spec.low, spec.high
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise InvalidRequest(
                 f"top_k must be an integer in [{low}, {high}], got {brief(value)}",
@@ -316,7 +320,7 @@ def _check_sampling_value(key: str, value: Any) -> None:
                 field=key,
             )
         return
-    low_f, high_f, _ = FLOAT_BOUNDS[key]
+    low_f, high_f = spec.low, spec.high
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not number or not math.isfinite(value) or not low_f < value <= high_f:
         raise InvalidRequest(

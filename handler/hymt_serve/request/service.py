@@ -120,7 +120,7 @@ class TranslationService:
         self.settings = settings
         self.recorder: Recorder = recorder or NullRecorder()
         # The model family: its prompt templates and the request fields it supports.
-        self.profile = detect_profile(settings.model_path, settings.prompt_family)
+        self.profile = detect_profile(settings.model_path, settings.loading.prompt_family)
 
     def parse(self, body: Any) -> TranslationRequest:
         """One request API body validated against the settings and the model family.
@@ -183,10 +183,10 @@ class TranslationService:
             candidates=candidates,
         )
         ids = self.engine.encode_prompt(prompt)
-        if len(ids) > self.settings.max_input_tokens:
+        if len(ids) > self.settings.limits.max_input_tokens:
             raise PayloadTooLarge(
                 f"{where()} makes a prompt of {len(ids)} tokens",
-                allowed=f"at most {self.settings.max_input_tokens} prompt tokens per text",
+                allowed=f"at most {self.settings.limits.max_input_tokens} prompt tokens per text",
                 field="text" if request.document is None else "document",
             )
         limit = max_new_tokens or request.max_new_tokens
@@ -206,15 +206,15 @@ class TranslationService:
         document = split_document(
             spec.text,
             spec.format,
-            budget=settings.document_segment_tokens,
+            budget=settings.limits.document_segment_tokens,
             measure=measure,
             language=request.source.code if request.source else None,
         )
         segments = document.segments
-        if len(segments) > settings.max_document_segments:
+        if len(segments) > settings.limits.max_document_segments:
             raise PayloadTooLarge(
                 f"the document splits into {len(segments)} segments",
-                allowed=f"at most {settings.max_document_segments} segments per document",
+                allowed=f"at most {settings.limits.max_document_segments} segments per document",
                 field="document",
             )
         options = request.features.options
@@ -225,11 +225,11 @@ class TranslationService:
             text, markup = to_tags(segment, MARKUP_KIND[spec.format], tags_in_text=True)
             chosen = options
             if spec.previous_context and index > 0:
-                before = segments[index - 1][-settings.max_context_chars :]
+                before = segments[index - 1][-settings.limits.max_context_chars :]
                 chosen = PromptOptions(context=before)
             elif formatted and markup.opens:
                 chosen = PromptOptions(preserve_format="tags")
-            limit = 8 + math.ceil(settings.document_length_factor * measure(segment))
+            limit = 8 + math.ceil(settings.limits.document_length_factor * measure(segment))
             row, template = self._row(
                 request,
                 text,
@@ -301,7 +301,7 @@ class TranslationService:
         flight = _InFlight(
             outcome,
             lambda row: self.engine.submit(row, on_tokens),
-            self.settings.document_window_rows,
+            self.settings.scheduler.document_window_rows,
             progress,
         )
         if send is not None and outcome.document is None:

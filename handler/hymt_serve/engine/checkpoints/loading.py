@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from hymt_serve.core.config import Quantization
 from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
 from hymt_serve.engine.checkpoints.fp8 import Fp8Scales, fp8_scheme, read_config, read_scales
@@ -31,7 +32,7 @@ class LoadPlan:
     device: torch.device
     dtype: torch.dtype
     attention: str
-    quantization: str
+    quantization: Quantization
     blas_library: str = "none"  # CUDA: the library dense products go to
     one_row_kernel: str = "none"  # CUDA: where one row of a plain product goes
     cpu_threads: int = 0  # CPU: the threads of each operation (0 on CUDA)
@@ -41,7 +42,7 @@ class LoadPlan:
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention": self.attention,
-            "quantization": self.quantization,
+            "quantization": self.quantization.value,
             "blas_library": self.blas_library,
             "one_row_kernel": self.one_row_kernel,
             "cpu_threads": str(self.cpu_threads) if self.cpu_threads else "none",
@@ -51,18 +52,18 @@ class LoadPlan:
 def plan_load(settings: Settings, gpu_id: int | None = None) -> LoadPlan:
     """Resolve the ``auto`` settings against this machine. Raises ConfigurationError."""
     cuda = torch.cuda.is_available()
-    if settings.device == "cuda" and not cuda:
+    if settings.loading.device == "cuda" and not cuda:
         raise ConfigurationError("device is 'cuda' but no CUDA device is available")
-    use_cuda = cuda and settings.device != "cpu"
+    use_cuda = cuda and settings.loading.device != "cpu"
     device = torch.device("cuda", gpu_id or 0) if use_cuda else torch.device("cpu")
     return LoadPlan(
         device,
-        _dtype(settings.dtype, device),
-        _attention(settings.attention, device),
-        _quantization(settings.quantization, device),
-        settings.blas_library if use_cuda else "none",
-        one_row_kernel(settings.one_row_kernel, device),
-        0 if use_cuda else settings.cpu_threads or torch.get_num_threads(),
+        _dtype(settings.loading.dtype, device),
+        _attention(settings.loading.attention, device),
+        _quantization(settings.loading.quantization, device),
+        settings.loading.blas_library if use_cuda else "none",
+        one_row_kernel(settings.loading.one_row_kernel, device),
+        0 if use_cuda else settings.loading.cpu_threads or torch.get_num_threads(),
     )
 
 
@@ -96,30 +97,28 @@ def _attention(name: str, device: torch.device) -> str:
     return name
 
 
-def _quantization(name: str, device: torch.device) -> str:
-    if name == "none":
+def _quantization(name: Quantization, device: torch.device) -> Quantization:
+    if name is Quantization.NONE:
         return name
-    if name == "fp8":
+    if name is Quantization.FP8:
         return _fp8(device)
-    if name in ("int8", "int4"):  # the fast engine's own weight-only kinds: any device
+    if name.fast:  # the fast engine's own weight-only kinds: any device
         return name
     if device.type != "cuda":
-        raise ConfigurationError(f"quantization {name!r} needs a CUDA device (bitsandbytes)")
+        raise ConfigurationError(f"quantization {name.value!r} needs a CUDA device (bitsandbytes)")
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigurationError(
-            f"quantization {name!r} needs bitsandbytes: "
+            f"quantization {name.value!r} needs bitsandbytes: "
             "pip install 'hunyuan-mt-torchserve[quantization]'"
         )
     return name
 
 
-BITSANDBYTES = ("bnb-int8", "nf4")  # quantized by transformers at load (the hf engine)
-FAST_QUANTIZATION = ("fp8", "int8", "int4")  # quantized by the fast engine at build
 # FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards.
 FP8_CAPABILITY = (8, 9)
 
 
-def _fp8(device: torch.device) -> str:
+def _fp8(device: torch.device) -> Quantization:
     """FP8 runs on the fast engine: ``torch._scaled_mm`` on GPUs of compute capability 8.9 and
     later, its dequantized reference on the CPU (slow: tests and checks). Older GPUs (A10,
     A100) are refused with what to use instead."""
@@ -131,7 +130,7 @@ def _fp8(device: torch.device) -> str:
                 f"L4, L40S, H100, H200); {torch.cuda.get_device_name(device)} has "
                 f"{capability[0]}.{capability[1]}: use quantization 'int8' (weight-only) or 'none'"
             )
-    return "fp8"
+    return Quantization.FP8
 
 
 def load_kwargs(plan: LoadPlan) -> dict[str, Any]:
@@ -140,13 +139,13 @@ def load_kwargs(plan: LoadPlan) -> dict[str, Any]:
         "low_cpu_mem_usage": True,
         "attn_implementation": plan.attention,
     }
-    if plan.quantization in BITSANDBYTES:
+    if plan.quantization.bitsandbytes:
         from transformers import BitsAndBytesConfig
 
         kwargs["device_map"] = {"": plan.device}
         kwargs["quantization_config"] = (
             BitsAndBytesConfig(load_in_8bit=True)
-            if plan.quantization == "bnb-int8"
+            if plan.quantization is Quantization.BNB_INT8
             else BitsAndBytesConfig(
                 load_in_4bit=True,
                 bnb_4bit_quant_type="nf4",
@@ -192,7 +191,7 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
     if gptq:
         count, int4 = load_gptq_weights(model, settings.model_path)
         logger.info("read %d GPTQ-Int4 projections (%d in int4 form)", count, len(int4))
-    if plan.quantization not in BITSANDBYTES:  # fp8, int8, int4: quantized by the fast engine
+    if not plan.quantization.bitsandbytes:  # fp8, int8, int4: quantized by the fast engine
         model.to(plan.device)
     model.eval()
     _check_context(model.config, settings)
@@ -210,9 +209,10 @@ def _gptq_checkpoint(settings: Settings, raw: dict[str, Any], kwargs: dict[str, 
     this loader cannot read, or another quantization asked on top of it."""
     if gptq_config(raw) is None:
         return False
-    if settings.quantization not in ("none", "int4"):
+    asked = settings.loading.quantization
+    if not asked.fits_checkpoint(Quantization.GPTQ_INT4):
         raise ConfigurationError(
-            f"this is a GPTQ-Int4 checkpoint: quantization {settings.quantization!r} cannot "
+            f"this is a GPTQ-Int4 checkpoint: quantization {asked.value!r} cannot "
             "apply to it (leave quantization 'none')"
         )
     config = AutoConfig.from_pretrained(settings.model_path)
@@ -231,9 +231,10 @@ def _fp8_checkpoint(
     static = fp8_scheme(raw)
     if static is None:
         return plan, None
-    if settings.quantization not in ("none", "fp8"):
+    asked = settings.loading.quantization
+    if not asked.fits_checkpoint(Quantization.FP8):
         raise ConfigurationError(
-            f"this is an FP8 checkpoint: quantization {settings.quantization!r} cannot apply "
+            f"this is an FP8 checkpoint: quantization {asked.value!r} cannot apply "
             "to it (leave quantization 'none')"
         )
     plan = replace(plan, quantization=_fp8(plan.device))
@@ -244,13 +245,13 @@ def _fp8_checkpoint(
 
 
 def _check_context(config: Any, settings: Settings) -> None:
-    window = settings.max_input_tokens + settings.max_new_tokens
+    window = settings.limits.max_input_tokens + settings.limits.max_new_tokens
     limit = int(getattr(config, "max_position_embeddings", window))
     if window > limit:
         raise ConfigurationError(
             f"max_input_tokens + max_new_tokens must be at most the model's "
-            f"max_position_embeddings ({limit}), got {settings.max_input_tokens} + "
-            f"{settings.max_new_tokens} = {window}"
+            f"max_position_embeddings ({limit}), got {settings.limits.max_input_tokens} + "
+            f"{settings.limits.max_new_tokens} = {window}"
         )
 
 
