@@ -1,14 +1,14 @@
 """Tencent's FP8 checkpoints (Hunyuan-MT-7B-fp8, Hunyuan-MT-Chimera-7B-fp8, HY-MT1.5-*-FP8):
 recognising their format and reading their scales, without the compressed-tensors package.
 
-The format, as Tencent's AngelSlim writes it (``angelslim/compressor/quant/core/save.py``)
-and compressed-tensors reads it (``quant_method: compressed-tensors``, ``format:
-naive-quantized``): every decoder projection (``q/k/v/o_proj``, ``gate/up/down_proj``) is stored
-as ``weight`` in ``float8_e4m3fn`` with a ``weight_scale`` (one float32 value, shape ``[1]``)
-and, for the static scheme the cards describe, an ``input_scale`` (one value, in the model's
-dtype); embeddings, norms and ``lm_head`` stay bf16 and are listed as not quantized under
-``ignored_layers`` (AngelSlim's spelling, what the published configs hold) or ``ignore``
-(compressed-tensors' own). ``weight ~= weight_fp8 * weight_scale``, and an input is quantized as
+The format, as Tencent's AngelSlim writes it (``angelslim/compressor/quant/core/save.py``) and
+compressed-tensors reads it (``quant_method: compressed-tensors``, ``format: naive-quantized``):
+every decoder projection (``q/k/v/o_proj``, ``gate/up/down_proj``) is stored as ``weight`` in
+``float8_e4m3fn`` with a ``weight_scale`` (one float32 value, shape ``[1]``) and, for the static
+scheme the cards describe, an ``input_scale`` (one value, in the model's dtype); embeddings,
+norms and ``lm_head`` stay bf16 and are listed as not quantized under ``ignored_layers``
+(AngelSlim's spelling, what the published configs hold) or ``ignore`` (compressed-tensors' own).
+``weight ~= weight_fp8 * weight_scale``, and an input is quantized as
 ``clamp(x / input_scale, -448, 448)``.
 
 Loading: transformers reads the checkpoint with its ``quantization_config`` removed, which puts

@@ -69,7 +69,8 @@ def plan_load(settings: Settings, gpu_id: int | None = None) -> LoadPlan:
 
 def one_row_kernel(name: str, device: torch.device) -> str:
     """``one_row_kernel`` resolved: ``auto`` is the Triton kernel on Hopper (compute capability
-    9.x, where it was measured faster than cuBLAS) and cuBLAS on other GPUs; "none" off CUDA."""
+    9.x, where it reads one row's weights faster than cuBLAS) and cuBLAS on other GPUs; "none"
+    off CUDA."""
     if device.type != "cuda":
         return "none"
     if name != "auto":
@@ -120,8 +121,8 @@ FP8_CAPABILITY = (8, 9)
 
 def _fp8(device: torch.device) -> Quantization:
     """FP8 runs on the fast engine: ``torch._scaled_mm`` on GPUs of compute capability 8.9 and
-    later, its dequantized reference on the CPU (slow: tests and checks). Older GPUs (A10,
-    A100) are refused with what to use instead."""
+    later, its dequantized reference on the CPU (slow: tests and checks). Older GPUs are
+    refused with what to use instead."""
     if device.type == "cuda":
         capability = torch.cuda.get_device_capability(device)
         if capability < FP8_CAPABILITY:
@@ -140,6 +141,7 @@ def load_kwargs(plan: LoadPlan) -> dict[str, Any]:
         "attn_implementation": plan.attention,
     }
     if plan.quantization.bitsandbytes:
+        # A lazy attribute of transformers: its quantization configs load only for bitsandbytes.
         from transformers import BitsAndBytesConfig
 
         kwargs["device_map"] = {"": plan.device}

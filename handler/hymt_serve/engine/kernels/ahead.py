@@ -1,20 +1,17 @@
 """Our weight-only Triton kernels compiled ahead, in threads, while the engine's steps compile.
 
 An int4 or int8 engine compiles the weight-only kernels once per tile config, row class and
-dtype (an int4 + int8-head engine: 12 of them, bf16 2). One after the other, inside the
-warm-up's first launches, they put the int4 + head engine's ready time at 1.21 x bf16's
-(benchmarks/decode/quantized/int8-cores/, call 4). Here the launches the steps will make are
-found first, by running the products once on empty inputs of each row class with every
-launch recorded instead of run (:func:`compile_ahead`'s ``plan``). The recorded kernels then
-compile in a pool of threads while the main thread traces the steps and inductor compiles
-them; our first real launch waits for the pool. Triton compiles outside the GIL for much of
-the time: 4 of these kernels took 0.54-0.61 x the time in 4 threads on 2 cores, compiled for
-sm_90 without a GPU (benchmarks/decode/compile_threads.py). The engine's ready time with it:
-benchmarks/decode/quantized/compile-ahead/.
+dtype (an int4 + int8-head engine: 12 of them, bf16 2); one after the other, inside the
+warm-up's first launches, they add much of a quantized engine's ready time. Here the launches
+the steps will make are found first, by running the products once on empty inputs of each row
+class with every launch recorded instead of run (:func:`compile_ahead`'s ``plan``). The
+recorded kernels then compile in a pool of threads while the main thread traces the steps and
+inductor compiles them; our first real launch waits for the pool. Triton compiles outside the
+GIL for much of the time, so the threads overlap even on few cores.
 
 A recorded kernel that does not compile ahead (a failure, or a key Triton specialises
-differently than :func:`spec_key` guesses) compiles at its launch as before: compiling
-ahead changes when kernels compile, never what runs.
+differently than :func:`spec_key` guesses) compiles at its first launch: compiling ahead
+changes when kernels compile, never what runs.
 """
 
 from __future__ import annotations

@@ -37,19 +37,15 @@ REFERENCE_KERNEL = "torch_reference"
 PROMPT_KERNEL = "triton_slot_prompt"  # prompt tokens: :func:`prompt_attention`
 GATHERED_KERNEL = "gathered_sdpa"  # prompt tokens elsewhere: model.packed_attention
 _BLOCK_N = 64  # positions per tile of the prompt kernel
-# The decode kernel's tiles: positions per tile, warps, pipeline stages. Chosen by a sweep of
-# 27 configs over the sentence mix's shapes (batch 1-256, 60-100 live positions) and 64 rows of
-# 700; the sweep and its numbers are in benchmarks/serving/decode_tiles/.
+# The decode kernel's tiles: positions per tile, warps, pipeline stages; the fastest of a sweep
+# over the sentence mix's shapes (batch 1-256, 60-100 live positions) and long caches.
 _DECODE_TILES = {"BLOCK_N": 32, "num_warps": 2, "num_stages": 2}
 _TARGET_PROGRAMS = 264  # two waves on 132 SMs
-# Splits of the cache's positions: at 1-4 rows of a 1,536-position cache 8 splits (128
-# positions each) against 4 took 9.7-10.5 against 14.5-15.1 us at 700 live positions and 0.2-0.4
-# us more at the sentence mix's 60-100 (benchmarks/serving/decode_tiles/split_sweep.json).
+# Splits of the cache's positions: a few rows of a long cache fill the card only when each split
+# holds this many positions; more splits cost a little at the sentence mix's short caches.
 _MIN_POSITIONS_PER_SPLIT = 128
-# A cache too short for that still splits this far (a tile of positions a split at least): at
-# one row of 100 live positions 4 splits took 6.4 us against 9.3 for one (the same sweep), and
-# the 7B's batch-1 step in a 168-position cache 0.96-0.97 x the time
-# (benchmarks/decode/quantized/attention-splits/).
+# A cache too short for that still splits this far (a tile of positions a split at least):
+# one row of a short cache is faster in a few splits than in one.
 _SHORT_CACHE_SPLITS = 4
 
 
@@ -263,9 +259,8 @@ def _define_kernels() -> tuple[Any, Any, Any]:
         tl.store(out_ptr + row_head * DIM + offs_d, out.to(out_ptr.dtype.element_ty))
 
     # The block count only places the rows of ``blocks``: a runtime argument Triton does not
-    # specialise, so one compile serves every prefill graph. As a constant it compiled once
-    # per graph, 16 times at the GPU profile's start (measured in
-    # benchmarks/decode/quantized/ready-compiles/).
+    # specialise, so one compile serves every prefill graph (as a constant it would compile
+    # once per graph).
     @triton.jit(do_not_specialize=["n_blocks"])  # type: ignore[untyped-decorator]
     def prompt_kernel(  # type: ignore[no-untyped-def]
         q_ptr, kc_ptr, vc_ptr, pos_ptr, blocks_ptr, out_ptr, stride_qn, stride_qh,

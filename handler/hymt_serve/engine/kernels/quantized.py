@@ -47,24 +47,13 @@ def linear(
     e4m3 one, and in the weight-only kernel (:mod:`hymt_serve.engine.kernels.weight_only`) for
     int8 and int4 ones.
 
-    FP8 (tensor-wise weights, as the published FP8 checkpoints are): ``weight_scale`` is one
-    value, and ``x`` is quantized to e4m3 with ``input_scale`` (static, one value) or, when
-    that is empty, each row with its own absolute maximum over 448 (dynamic, per token). The
-    product runs in ``torch._scaled_mm`` and comes out in ``x``'s dtype: with the scales as
-    its own for one input scale (static, or one row), with a unit input scale and the rows'
-    scales multiplying its result for more rows. Inside the compiled step functions inductor
-    fuses the quantization (the rows' maxima included) into the kernel that makes ``x`` (a
-    norm, the SiLU product) and the rows' scales into the kernels that read the result.
-    Before per-token scales, one maximum over all rows ran as a reduction of its own at each
-    projection: a 128-row decode step's graph took 4.56 ms against 4.25 now on an H200
-    (benchmarks/decode/quantized/fp8-per-token/). Tensor-wise weights, not row-wise: on an
-    H200 a pass over the 7B's projections takes 2.1 ms at 1 token tensor-wise, 3.8 ms with
-    ``_scaled_mm``'s row-wise scaling and 3.6 ms in bf16 (benchmarks/decode/fp8_gemm.py);
-    widening e4m3 weights to bf16 in the weight-only kernel took 2.7 ms
-    (benchmarks/decode/weight_only_gemm.py), and e4m3 tiles on FP8 tensor cores in that
-    kernel 1.23 x ``_scaled_mm``'s time at one row (benchmarks/decode/fp8_row.py). Off CUDA
-    the same numbers go through a dequantized fp32 product (the reference the tests hold the
-    kernels to). ``fits_fp16``: ``x`` is a norm's output whose values fit fp16
+    FP8 (tensor-wise weights, as the published checkpoints are; faster at one row than
+    row-wise scales or e4m3 in the weight-only kernel): ``x`` is quantized to e4m3 with
+    ``input_scale`` (static) or, when that is empty, each row by its own absolute maximum
+    (per token), and ``torch._scaled_mm`` returns ``x``'s dtype. Inside the compiled steps
+    inductor fuses that quantization into the kernel that makes ``x`` and the rows' scales into
+    the kernels that read the result. Off CUDA a dequantized fp32 product gives the same
+    numbers (the tests' reference). ``fits_fp16``: ``x`` is a norm's output that fits fp16
     (``ModelShape.norms_fit_fp16``), which int8 weight-only products then take as fp16.
     """
     if weight.dtype in (torch.int8, torch.int32):

@@ -13,28 +13,26 @@ Two weight forms, two Triton kernels:
 (The forms' packing, quantizing and reference arithmetic:
 :mod:`hymt_serve.engine.kernels.weight_forms`.)
 
-The kernel tiles the output columns and splits the input dimension so that even a
-4,096-column product fills the GPU, widens each weight tile to the input's dtype, multiplies
-on tensor cores with fp32 accumulation and writes fp32 partial sums ``[splits, rows, out]``;
-the caller sums the splits and applies int8's row scale, which inductor fuses into the next
-kernel. int4 words are not unpacked into a tile: nibble ``j`` of every word meets the inputs
-``j, j + 8, j + 16, ...`` of the block in a product of its own, so no data moves between
-threads. One row runs on CUDA cores where that is faster (int4: ``one_row_kernel``, and with
-bf16 inputs ``weight_only_pairs.int4_chain_kernel``, two products per ``fma.bf16x2``
-instruction).
-One row of a plain bf16/fp16 product runs in the tiled kernel too (:func:`plain_row`): it
-reads the weights faster than cuBLAS does at one row.
-The kernels' code is in :mod:`hymt_serve.engine.kernels.weight_only_triton`.
+The kernel tiles the output columns and splits the input dimension so that even a 4,096-column
+product fills the GPU, widens each weight tile to the input's dtype, multiplies on tensor cores
+with fp32 accumulation and writes fp32 partial sums ``[splits, rows, out]``; the caller sums the
+splits and applies int8's row scale, which inductor fuses into the next kernel. int4 words are
+not unpacked into a tile: nibble ``j`` of every word meets the inputs ``j, j + 8, j + 16, ...``
+of the block in a product of its own, so no data moves between threads. One row runs on CUDA
+cores where that is faster (int4: ``one_row_kernel``, and with bf16 inputs
+``weight_only_pairs.int4_chain_kernel``, two products per ``fma.bf16x2`` instruction). One row
+of a plain bf16/fp16 product runs in the tiled kernel too (:func:`plain_row`): it reads the
+weights faster than cuBLAS does at one row. The kernels' code is in
+:mod:`hymt_serve.engine.kernels.weight_only_triton`.
 
-They run as custom ops, so that compiled step functions carry them: ``hymt::weight_only``
-for int8 and for int4's one row (partial sums out, summed and scaled inside the next kernel
-by inductor); ``hymt::int4_rows`` for int4's larger batches, which picks its path inside: up
-to 256 rows the tiled kernel (above 16 rows with products 64-128 inputs deep) and a sum over
-its splits, more rows the weight widened for cuBLAS. Dynamo then sees no branch on the row
-count above one, so an int4 step function compiles the two graphs bf16's does (batch 1,
-every other), not three: the third put seconds of compiling on an int4 engine's start
-(benchmarks/decode/quantized/ready-compiles/). Off CUDA (or without Triton) :func:`reference`
-computes the same numbers from the dequantized weight.
+They run as custom ops, so that compiled step functions carry them: ``hymt::weight_only`` for
+int8 and for int4's one row (partial sums out, summed and scaled inside the next kernel by
+inductor); ``hymt::int4_rows`` for int4's larger batches, which picks its path inside: up to 256
+rows the tiled kernel (above 16 rows with products 64-128 inputs deep) and a sum over its
+splits, more rows the weight widened for cuBLAS. Dynamo then sees no branch on the row count
+above one, so an int4 step function compiles the two graphs bf16's does (batch 1, every other),
+not three: a third would put seconds of compiling on an int4 engine's start. Off CUDA (or
+without Triton) :func:`reference` computes the same numbers from the dequantized weight.
 """
 
 from __future__ import annotations
@@ -47,8 +45,8 @@ from torch import Tensor
 from hymt_serve.engine.kernels import ahead
 from hymt_serve.engine.kernels import weight_only_triton as kernels
 
-# The weight forms and their reference arithmetic live in weight_forms; named here too, as
-# the kernels' callers and tests have always found them.
+# The weight forms and their reference arithmetic live in weight_forms; named here too, where
+# the kernels' callers and tests look for them.
 from hymt_serve.engine.kernels.weight_forms import INT4 as INT4
 from hymt_serve.engine.kernels.weight_forms import INT8 as INT8
 from hymt_serve.engine.kernels.weight_forms import PLAIN as PLAIN
@@ -83,39 +81,32 @@ class Config(NamedTuple):
     programs: int
 
 
-# Chosen on an H200 by benchmarks/decode/weight_only_gemm.py (a sweep over one pass of a
-# 7B's projections): for one row, 2-16 rows, and more. int4's one row with bf16 inputs: the
-# chain kernel on one warp, 128 columns by 64 inputs a block, chosen by two sweeps on H100s
-# (benchmarks/decode/int4_chain.py, quantized/int4-chain/): 1.134 x faster over the four
-# projections than the [words, columns] tile (words, below); programs of 4 and 8 warps, each a
-# stream of words with fewer splits, took 1.06-1.5 x the tile's time. The batch-1 step of int4 +
-# head took 0.947 x the tile's time (H100, step_ab.py).
+# The fastest tiles of a sweep over one pass of a 7B's projections: for one row, 2-16 rows, and
+# more. int4's one row with bf16 inputs: the chain kernel on one warp, 128 columns by 64 inputs
+# a block, faster over the four projections than the [words, columns] tile (words, below) and
+# than programs of 4 or 8 warps, each a stream of words with fewer splits.
 ONE_ROW_CONFIGS = {
     INT8: Config(16, 64, 256, 4, 3, 264),
     INT4: Config(1, 128, 64, 1, 1, 2112),
 }
 # int4's one row with bf16 inputs: ``chain`` (weight_only_pairs.int4_chain_kernel: block_k
 # inputs a program's block, its warps taking word streams of block_k / 8 / warps words) or
-# ``words`` (one_row_kernel's [words, columns] tile, int4_bf16x2, before 2026-12-06), on its
-# own tile: from the sweep in benchmarks/decode/int4_packed.py, 1.60 ms a pass on an H200; a
-# block of 32 inputs by 128 columns on one warp loads the scales in the products' own layout,
-# no exchange through shared memory.
+# ``words`` (one_row_kernel's [words, columns] tile, int4_bf16x2), on its own tile: a block of
+# 32 inputs by 128 columns on one warp loads the scales in the products' own layout, no
+# exchange through shared memory.
 INT4_BF16_ROWS = ("chain", "words")
 INT4_BF16_ROW = "chain"
 INT4_WORDS_ROW_CONFIG = Config(1, 128, 32, 1, 1, 1056)
 # int8's one row on two projection shapes of the 7B models (hidden 4,096, intermediate
-# 14,336; out, in): tiles of 128 inputs read them faster than the tile above in two sweeps on
-# an H200 (benchmarks/decode/row_tiles.py, quantized/row-warps/ and against-bf16-row/): the
-# attention output 0.234 against 0.259-0.260 ms a pass, gate_up 1.007-1.028 against
-# 1.054-1.061. Neither tile is faster over all four projections.
+# 14,336; out, in): tiles of 128 inputs read them faster than the tile above (the attention
+# output and gate_up). Neither tile is faster over all four projections.
 INT8_ROW_SHAPE_CONFIGS = {
     (4096, 4096): Config(16, 64, 128, 4, 3, 264),
     (28672, 4096): Config(16, 64, 128, 4, 3, 528),
 }
 INT4_ROW_SHAPE_CONFIGS: dict[tuple[int, int], Config] = {}  # int4's, with bf16 inputs (chain)
 ROW_SHAPE_CONFIGS = {INT8: INT8_ROW_SHAPE_CONFIGS, INT4: INT4_ROW_SHAPE_CONFIGS}
-# fp16 inputs take int4's fp32 arithmetic (int4_pairs), which reads fastest on its own tile:
-# 2.11 ms a pass here against 2.26 on bf16's (int4_packed.py, its fp32 rows).
+# fp16 inputs take int4's fp32 arithmetic (int4_pairs), which reads fastest on its own tile.
 FP16_ONE_ROW_CONFIGS = {INT4: Config(1, 64, 128, 2, 1, 2112)}
 FEW_ROWS_CONFIGS = {
     INT8: Config(16, 64, 256, 4, 3, 264),
@@ -126,9 +117,8 @@ MANY_ROWS_CONFIGS = {
     INT4: Config(0, 64, 128, 4, 3, 264),  # up to INT4_TALL_ROWS rows
 }
 # int4 above FEW_ROWS rows: the tiled kernel's products BLOCK_K inputs deep (int4_deep), up to
-# DEEP_ROWS rows; more rows widen the weight for cuBLAS. One pass over a 7B's projections on an
-# H200 took 0.90, 0.81, 0.63 and 0.59 x the time of widening at 32, 64, 128 and 256 rows on
-# these tiles (benchmarks/decode/quantized/int4-many/, which swept them).
+# DEEP_ROWS rows; more rows widen the weight for cuBLAS. On these tiles one pass over a 7B's
+# projections is faster than widening at every row count up to DEEP_ROWS.
 INT4_TALL_ROWS = 64
 INT4_TALL_CONFIG = Config(128, 64, 64, 8, 3, 264)  # more than INT4_TALL_ROWS rows
 DEEP_ROWS = 256
@@ -138,10 +128,10 @@ DEEP_ROWS = 256
 ROW_CLASSES = (1, 2, 32, 64, 128, 2 * DEEP_ROWS)
 
 
-# One row of a plain (bf16/fp16) product: the tiled kernel with one live row of its 16 took
-# 0.78-0.96 x cuBLAS's time on each projection of a 7B and its LM head on an H200 (cuBLAS runs
-# qkv as 96 column tiles on 132 SMs, o and down split-K with a reduction kernel after;
-# benchmarks/decode/bf16-row/). 64-column tiles for an LM head's many columns.
+# One row of a plain (bf16/fp16) product: the tiled kernel with one live row of its 16 is
+# faster than cuBLAS on each projection of a 7B and its LM head (cuBLAS runs qkv in too few
+# column tiles to fill the card, o and down split-K with a reduction kernel after). 64-column
+# tiles for an LM head's many columns.
 PLAIN_ROW_CONFIG = Config(16, 32, 128, 4, 3, 264)
 WIDE_PLAIN_ROW_CONFIG = Config(16, 64, 128, 4, 3, 264)
 WIDE = 65_536  # output columns from which a plain row takes the wide tiles
@@ -249,10 +239,8 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor, fits_fp16: bool = False) ->
     ``ModelShape.norms_fit_fp16``). int8's one row then multiplies it as fp16: the same values
     (fp16 holds every bf16 value of that size exactly, but those under 2^-14, whose part of
     the sums is below their rounding), and the kernel widens its weights by ``int8_as_fp16``.
-    The cast fuses into the norm's kernel, which writes fp16 instead of bf16. The batch-1 step
-    of int8 + head took 0.990-0.994 x the time in three calls on H100s; at 64 rows fp16 inputs
-    took 1.005 x, so more rows stay bf16 (benchmarks/decode/quantized/fp16-norms/,
-    status-12-06/)."""
+    The cast fuses into the norm's kernel, which writes fp16 instead of bf16. That is faster
+    at one row only, so more rows stay bf16."""
     kind = kind_of(weight)
     assert kind is not None, weight.dtype
     if not kernel_available(x) or (kind == INT4 and in_features(weight) // scale.shape[1] % 128):
@@ -326,8 +314,8 @@ def launch(
     if one_row and kind == INT8:
         extra["EVEN"] = inputs % (splits * config.block_k) == 0 and cols % config.block_n == 0
     # The span is a runtime argument: one compiled kernel per tile config serves every
-    # projection shape and split (as a constant it compiled one per shape, 4-5 a row class,
-    # which put seconds on an int8 or int4 engine's start).
+    # projection shape and split (as a constant it would compile once per shape, seconds on
+    # an int8 or int4 engine's start).
     ahead.run(
         kernel, grid, x, weight, scale, parts, rows, cols, inputs, x.stride(0),
         KIND=kind, GROUP=max(group, 1), BLOCK_M=config.block_m, BLOCK_N=config.block_n,

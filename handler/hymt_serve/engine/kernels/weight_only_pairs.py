@@ -1,14 +1,13 @@
 """int4's one row with bf16 inputs, two products per instruction (``fma.bf16x2``): the Triton
 code of :mod:`hymt_serve.engine.kernels.weight_only`'s one-row int4 path on GPUs of compute
-capability
-8.0 and later.
+capability 8.0 and later.
 
 - ``int4_chain_kernel``: the engine's kernel. Each thread holds a few columns and walks the
   words of a block one by one, each column's bf16 pair sum running on over ``CHAIN`` words;
   the warps of a program take word streams of their own, summed once at the end;
   ``launch_chain`` runs it;
 - ``int4_bf16x2``: one block of ``weight_only_kernels.int4_row``'s ``[words, columns]`` tile
-  (the kernel before the chains; ``weight_only.INT4_BF16_ROW`` picks it);
+  (the alternative to the chains; ``weight_only.INT4_BF16_ROW`` picks it);
 - ``bf16x2_step``, ``low_halves``, ``high_halves``: the arithmetic both share.
 
 The arithmetic, per word and pair j: ``lop3`` makes the bf16 pair ``(128 + q_j, 128 + q_j+4)``

@@ -24,9 +24,8 @@ except ImportError:  # the CPU image has no Triton; the reference serves there
 
 # Triton compiles a kernel once per class of each integer argument's value (1, a multiple of 16,
 # other) unless told not to. The row count is only compared with, so one compile per tile
-# config serves every batch and prompt length: an int8 + head engine's start compiled the
-# tiled kernel 4 times, against 9 with the rows specialised
-# (benchmarks/decode/quantized/ready-compiles/).
+# config serves every batch and prompt length, about half the compiles of an engine's start
+# with the rows specialised.
 ROWS_ARG = ["M"]
 
 # The kernels exist where Triton does (module level: jitted code finds its helpers by name).
@@ -105,11 +104,11 @@ if triton is not None:
 
     @triton.jit
     def int8_as_fp16(w):  # type: ignore[no-untyped-def]
-        # Four int8 values to fp16 in 5 instructions (Triton's own conversion took 11 to fp16,
+        # Four int8 values to fp16 in 5 instructions (Triton's own conversion needs 11 to fp16,
         # 8 to bf16): the sign bit flipped makes q + 128, which one prmt puts under fp16's
         # exponent of 1,024 in each half of a word (1,024 + 128 + q, exact), then 1,152 comes
-        # off two halves an instruction. One row of a 7B's projections took 0.68 x the time of
-        # Triton's conversion to fp16 on an H200 (benchmarks/decode/quantized/int8-fp16/).
+        # off two halves an instruction: one row of a 7B's projections reads faster than with
+        # Triton's conversion.
         return tl.inline_asm_elementwise(
             asm="""{
             .reg .b32 u, c;
@@ -136,9 +135,9 @@ if triton is not None:
         # inputs deep per block (BLOCK_K divides GROUP: one group a block), where int4_tile
         # makes eight products BLOCK_K / 8 deep. Row k of the block's weight tile is nibble
         # k % 8 of word k // 8: each word loads once and is repeated for its 8 rows in
-        # registers (loading it once for each row, the repeats served by L1, took 1.1-1.3 x
-        # the time: benchmarks/decode/quantized/int4-many/). q - zero is a small integer,
-        # exact in the inputs' dtype; the group's scale multiplies the block's product.
+        # registers (loading it once for each row, the repeats served by L1, was slower).
+        # q - zero is a small integer, exact in the inputs' dtype; the group's scale
+        # multiplies the block's product.
         ks = tl.arange(0, BLOCK_K)
         shifts = (ks % 8) * 4
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -230,11 +229,10 @@ if triton is not None:
         #   of two bf16 halves ORed with 0x4300 read as 128 + q, exactly. bf16 inputs multiply
         #   them as bf16 pairs (int4_bf16x2, BF16_PAIRS); fp16 inputs (and GPUs before
         #   compute capability 8.0) widen each half to fp32 (int4_pairs).
-        # - The next block's words load before this block's arithmetic. Triton pipelines only
-        #   loads that feed tl.dot: num_stages 1 to 4 gave the same 2.34 ms per pass over a
-        #   7B's projections, this 2.11 (H200, benchmarks/decode/int4_pairs.py).
-        # - The arithmetic, not the loads, bounds it: the same loads alone take 1.05 ms a
-        #   pass, int4_pairs 2.05-2.12, int4_bf16x2 1.60 (benchmarks/decode/int4_packed.py).
+        # - The next block's words load before this block's arithmetic: Triton pipelines only
+        #   loads that feed tl.dot, so num_stages does not do it here.
+        # - The arithmetic, not the loads, bounds it (the same loads alone take well under
+        #   half the time), hence two nibbles an operation and bf16 pairs where there are.
         DEPTH: tl.constexpr = BLOCK_K // 8
         limit = tl.minimum(start + SPAN, K)
         acc = tl.zeros((DEPTH, BLOCK_N), dtype=tl.float32)

@@ -157,11 +157,9 @@ def make_step_functions(shape: ModelShape, compile_: bool) -> StepFunctions:
 # Reductions over fewer elements than this inductor writes out as sums inside the kernel that
 # reads them: the weight-only products' partial sums over their splits (int8 splits a 7B's
 # attention output and down projection 8 ways, int4's one row its gate_up; bf16 at most 4).
-# With inductor's own threshold (8) those sums ran as kernels of their own: 64 of the 426
-# kernels of an int8 + head batch-1 step on an H200. With 16 that step took 0.974 x the time
-# at batch 1 and 0.926 x at 64 (benchmarks/decode/quantized/split-sums/). With 32 int4's one
-# row sums gate_up's 16 splits inside the SiLU kernel too: its batch-1 step took 0.974-0.976 x
-# the time on an H100, in three calls (benchmarks/decode/quantized/int4-splits/).
+# With inductor's own threshold (8) those sums run as kernels of their own, a sixth of a
+# quantized batch-1 step's kernels. With 32 int4's one row sums gate_up's 16 splits inside the
+# SiLU kernel too.
 SPLIT_SUMS_READ = 32
 
 
@@ -286,13 +284,11 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     ``mask [N, K]`` (True where a query may see a key) -> ``[N, H, D]``. Its shapes depend on
     N and K only, so one CUDA graph serves any mix of prompts that fits them. The CPU's path
     (and the reference for the prompt kernel): on the GPU, :func:`prompt_attention` reads the
-    slots without the gather and the mask (at the sentence mix's 256-user shape on the H200,
-    15 us a layer against this path's 57: benchmarks/serving/prompt_kernel/).
+    slots without the gather and the mask, several times faster.
 
     The query heads that share a key head go one after another along the query axis
     (``[KVH, G x N, D]``), so the keys and values are read as they are instead of copied once
-    per query head (``repeat_interleave``: 2 x 16 us per layer, 6 % of the GPU's time, in the
-    mixed steps at 256 users on the H200: benchmarks/serving/slots/)."""
+    per query head (``repeat_interleave``, a noticeable share of a mixed step's time)."""
     tokens, heads, dim = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads

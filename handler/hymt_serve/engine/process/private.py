@@ -3,10 +3,10 @@
 In async mode the worker's event loop parses, tokenises and renders requests while the
 scheduler drives the GPU. In one process both need the GIL, and every GPU call of the decode
 loop releases it; whenever the event loop is busy, the decode loop then waits for the GIL at
-each of those points (a probe with one busy Python thread slowed a tiny model's decode step
-from 2 ms to 600 ms). So the worker keeps only the token codec, and a child process owns the
-model and the scheduler's serving thread. They talk over a pipe in the messages of
-:mod:`hymt_serve.engine.process.connection`; errors cross it as themselves.
+each of those points, and a step slows by orders of magnitude. So the worker keeps only the
+token codec, and a child process owns the model and the scheduler's serving thread. They talk
+over a pipe in the messages of :mod:`hymt_serve.engine.process.connection`; errors cross it as
+themselves.
 
 The child exits when the pipe closes (the worker is gone). When the child dies, the texts it
 held fail with 500, new ones get 503 while a new child loads, and the worker carries on; only

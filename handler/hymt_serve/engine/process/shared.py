@@ -1,8 +1,8 @@
 """One engine process per GPU shared by several TorchServe workers (``share_engine: true``).
 
-Why: a TorchServe worker spends about 2.6-2.8 ms of CPU per request in its own Python (the
-socket protocol, parsing, tokenising, rendering; benchmarks/serving/path/), so one worker
-process tops out at 350-400 requests/s whatever the GPU could do. Several workers per GPU
+Why: a TorchServe worker spends milliseconds of CPU per request in its own Python (the socket
+protocol, parsing, tokenising, rendering), so one worker process tops out at a few hundred
+requests/s whatever the GPU could do (docs/performance.md). Several workers per GPU
 (``minWorkers`` a multiple of the GPUs) spread that work over cores. With this setting they all
 feed one engine process on their GPU, holding one copy of the weights in one continuous batch,
 instead of each loading its own.

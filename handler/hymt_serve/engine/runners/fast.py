@@ -44,9 +44,8 @@ from hymt_serve.engine.runners.protocol import Recorder
 logger = logging.getLogger(__name__)
 
 # Above 128 rows the steps grow in quarters of a power of two up to 256 (256 users of the
-# sentence mix keep about 222 rows running: padded to 224, not 256; the engine served 1.02 x
-# the requests/s, benchmarks/serving/buckets/), then in halves: decode GEMMs there are no
-# longer free in the padded rows.
+# sentence mix keep about 222 rows running: padded to 224, not 256), then in halves: decode
+# GEMMs cost time in the padded rows there.
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 160, 192, 224, 256, 384, 512, 768, 1024)
 # Cache positions past max_seq_len: a finished row keeps stepping until the host learns that it
 # finished (the scheduler's SYNC_EVERY steps, plus its LOOKAHEAD twice); checked there.

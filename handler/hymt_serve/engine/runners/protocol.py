@@ -15,9 +15,10 @@ from hymt_serve.core.types import GenerationRow
 
 
 class Runner(Protocol):
-    """What the scheduler drives: :class:`~hymt_serve.engine.runners.fast.FastRunner`,
-    or transformers' forward (:class:`~hymt_serve.engine.runners.hf_forward.HFRunner`). Rows live
-    in slots ``0..max_batch_size-1``; the *batch* is the rows being decoded, in batch positions."""
+    """What the scheduler drives: :class:`~hymt_serve.engine.runners.fast.FastRunner`, or
+    transformers' forward (:class:`~hymt_serve.engine.runners.hf_forward.HFRunner`). Rows
+    live in slots ``0..max_batch_size-1``; the *batch* is the rows being decoded, in batch
+    positions."""
 
     max_batch_size: int
     device: torch.device

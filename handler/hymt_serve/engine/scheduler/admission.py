@@ -1,12 +1,11 @@
 """How rows get into the running batch, a part of
 :class:`~hymt_serve.engine.scheduler.loop.Scheduler` (its attributes below).
 
-With a :class:`~hymt_serve.engine.runners.protocol.MixingRunner` (the fast engine) admission rides
-in
-the decode step: each pass takes prompt chunks within a token budget, decode first (the
-running rows always step), rows part-way through a long prompt before waiting ones; a row
-whose prompt is complete samples its first token and joins the batch. A failing pass fails
-the rows whose chunks it carried; the running rows step again next round.
+With a :class:`~hymt_serve.engine.runners.protocol.MixingRunner` (the fast engine) admission
+rides in the decode step: each pass takes prompt chunks within a token budget, decode first (the
+running rows always step), rows part-way through a long prompt before waiting ones; a row whose
+prompt is complete samples its first token and joins the batch. A failing pass fails the rows
+whose chunks it carried; the running rows step again next round.
 
 Otherwise (transformers' runner, or ``mixed_tokens: 0``) waiting rows are prefilled between
 decode steps, gathered first (``ADMIT_ROWS`` or ``ADMIT_WAIT_S``) since a prefill stalls the

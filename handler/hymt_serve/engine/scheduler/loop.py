@@ -58,8 +58,7 @@ logger = logging.getLogger(__name__)
 
 SYNC_EVERY = 1  # decode steps between read-backs of the running rows' progress
 # Decode steps the host may queue past a read-back before it waits for it. One, not two: a
-# finished row leaves a step sooner, and the host's bookkeeping still overlaps the queued step
-# (engine alone 1.04 x the requests/s at 64 users, 1.05-1.06 x at 256; benchmarks/serving/buckets/).
+# finished row leaves a step sooner, and the host's bookkeeping still overlaps the queued step.
 LOOKAHEAD = 1
 # A row keeps stepping until the host learns that it finished: the runner's headroom covers it.
 assert SYNC_EVERY + 2 * LOOKAHEAD < STEP_HEADROOM

@@ -85,8 +85,8 @@ def _presence(rows: Sequence[GenerationRow], vocab: int, device: torch.device) -
     return presence
 
 
-# A row's argmax over the vocabulary is one block's loop on the GPU (28 us a step for 128,256
-# logits at batch 1 on the H200); a few rows split theirs into up to this many chunks.
+# A row's argmax over the vocabulary is one block's loop on the GPU, slow for a large
+# vocabulary; a few rows split theirs into up to this many chunks.
 ARGMAX_CHUNKS = 64
 
 
