@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hymt_serve.core.settings import Settings
+from hymt_serve.core.config import Scheduler as SchedulerConfig
 from hymt_serve.core.types import GenerationResult, GenerationRow
 from hymt_serve.engine.codec import encode_user_turn
 from hymt_serve.engine.runners.build import build_fast_runner
@@ -269,13 +269,13 @@ def main() -> None:
     parser.add_argument(
         "--prefix-entries",
         type=int,
-        default=Settings.prefix_cache_entries,
+        default=SchedulerConfig.prefix_cache_entries,
         help="prompt prefixes kept for reuse (the prefix_cache_entries setting; 0: off)",
     )
     parser.add_argument(
         "--mixed-tokens",
         type=lambda s: [int(x) for x in s.split(",")],
-        default=[Settings.mixed_step_tokens],
+        default=[SchedulerConfig.mixed_step_tokens],
         help="prompt tokens per mixed step, one or more (0: prefills between steps)",
     )
     parser.add_argument(
