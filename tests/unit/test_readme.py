@@ -1,5 +1,6 @@
 """The documentation's examples are valid on the demo server (the CPU profile's settings): every
-JSON body of a curl and every hymt command in README.md, docs/*.md and loadtest/README.md."""
+JSON body of a curl and every hymt command in README.md, docs/*.md and loadtest/README.md; and
+every link among them reaches a file and a heading."""
 
 from __future__ import annotations
 
@@ -80,6 +81,36 @@ def test_every_v2_example_is_accepted_by_the_demo_server() -> None:
         fields, call = oip.unwrap(json.loads(body), {"Content-Type": "application/json"})
         assert call is not None
         parse_request(fields, settings, profile)
+
+
+# A Markdown link or image whose target is a path in this repository (optionally #anchor).
+LINK = re.compile(r"\]\((?!https?://|mailto:)([^)\s#]*)(?:#([^)\s]*))?\)")
+HEADING = re.compile(r"^#{1,6} (.+)$", re.MULTILINE)
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+CODE = re.compile(r"`[^`\n]*`")  # inline code: `[label](url)` is an example, not a link
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings: lower case, spaces as '-', punctuation
+    other than '-' and '_' dropped."""
+    text = FENCE.sub("", path.read_text())
+    return {
+        re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        for heading in HEADING.findall(text)
+    }
+
+
+def test_every_link_in_the_docs_reaches_a_file_and_heading() -> None:
+    broken = []
+    for path in DOCS:
+        text = CODE.sub("", FENCE.sub("", path.read_text()))
+        for target, anchor in LINK.findall(text):
+            linked = (path.parent / target).resolve() if target else path
+            if not linked.exists():
+                broken.append(f"{path.name}: {target}")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                broken.append(f"{path.name}: {target}#{anchor}")
+    assert not broken, "links to nothing:\n" + "\n".join(broken)
 
 
 # A shell block of the docs, and a hymt command in it: at a line's start, in $(...) or after --.
