@@ -54,9 +54,7 @@ class HunyuanMTHandler:
 
         Raises ConfigurationError (the worker then fails to start with that message).
         """
-        raw = (getattr(context, "model_yaml_config", None) or {}).get("handler")
-        model_dir = context.system_properties.get("model_dir", ".")
-        settings = Settings.from_mapping(raw, model_dir=model_dir)
+        settings = self.settings_for(context)
         settings = settings.with_cpu_threads(_engines(context, settings))
         self.async_mode = _async_mode(context)
         engine = _load_engine(context, settings, self.async_mode)
@@ -66,6 +64,13 @@ class HunyuanMTHandler:
         self.context = context
         self.initialized = True
         logger.info("handler ready: %s", json.dumps(self.describe()))
+
+    def settings_for(self, context: Any) -> Settings:
+        """The settings of model-config.yaml's ``handler:`` section (a subclass may add to them:
+        the tests' fault injection does). Raises ConfigurationError."""
+        raw = (getattr(context, "model_yaml_config", None) or {}).get("handler")
+        model_dir = context.system_properties.get("model_dir", ".")
+        return Settings.from_mapping(raw, model_dir=model_dir)
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[str] | Awaitable[list[str]]:
         if self.async_mode:

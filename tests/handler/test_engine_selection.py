@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from fakes import make_context, set_batch
+from faulty_handler import with_faults
 
 from hunyuan_mt_handler import HunyuanMTHandler
 from hymt_serve.core.errors import ConfigurationError, DeviceOutOfMemory
@@ -77,7 +78,9 @@ def test_unsupported_model_falls_back_with_the_reason(
 def test_injected_out_of_memory_is_a_507_error_and_the_engine_keeps_serving(
     tiny_model_dir: Path,
 ) -> None:
-    engine = load(tiny_model_dir, engine="hf", test_oom_max_new_tokens=3)
+    raw = {"model_path": str(tiny_model_dir), "max_new_tokens": 10, "max_input_tokens": 128}
+    settings = Settings.from_mapping({**raw, "engine": "hf"}, environ={})
+    engine = load_engine(with_faults(settings, oom=3))
     rows = rows_for(engine)
     with pytest.raises(DeviceOutOfMemory) as info:
         engine.generate([*rows, GenerationRow(rows[0].prompt_ids, 3)])

@@ -18,6 +18,8 @@ from hymt_serve.ops.archive import build_archive
 from hymt_serve.ops.launcher import Server, free_port_overrides, start, stop, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
+# Our handler with the test-only fault keys (test_oom_max_new_tokens, test_hang_max_new_tokens).
+FAULTY_HANDLER = REPO / "tests/faulty_handler.py"
 MODEL = "hunyuan-mt"
 
 
@@ -75,9 +77,11 @@ def running_server(
     archive_overrides: Mapping[str, Any],
     config_overrides: Mapping[str, str] | None = None,
     more_models: Mapping[str, tuple[Path, Mapping[str, Any]]] | None = None,
+    handler: Path | None = None,
 ) -> Iterator[Server]:
-    """Build an archive of ``model_dir`` (CPU profile + overrides), and of each of
-    ``more_models`` (name: (folder, overrides)), start, wait, stop after."""
+    """Build an archive of ``model_dir`` (CPU profile + overrides; ``handler``: another handler
+    file, e.g. :data:`FAULTY_HANDLER`), and of each of ``more_models`` (name: (folder,
+    overrides)), start, wait, stop after."""
     store = folder / "model_store"
     archives = {MODEL: (model_dir, archive_overrides), **(more_models or {})}
     for name, (path, archive) in archives.items():
@@ -87,6 +91,7 @@ def running_server(
             export_path=store,
             overrides=archive,
             name=name,
+            handler=handler if name == MODEL else None,
         )
     overrides = {**free_port_overrides(), **(config_overrides or {})}
     server, _ = start(

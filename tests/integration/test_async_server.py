@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import MODEL, running_server
+from conftest import FAULTY_HANDLER, MODEL, running_server
 
 from hymt_serve.ops.frontend_guard import JAR, URL_PATTERN
 from hymt_serve.ops.launcher import Server, model_workers
@@ -47,7 +47,8 @@ def async_server(
         "handler.max_waiting_rows": MAX_WAITING,
         "handler.test_oom_max_new_tokens": OOM_MARKER,
     }
-    with running_server(tiny_model_dir, tmp_path_factory.mktemp("async"), archive) as server:
+    folder = tmp_path_factory.mktemp("async")
+    with running_server(tiny_model_dir, folder, archive, handler=FAULTY_HANDLER) as server:
         yield server
 
 
@@ -361,7 +362,7 @@ def hanging_server(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Server]:
         "handler.max_new_tokens": 24,
         "handler.test_hang_max_new_tokens": HANG_MARKER,
     }
-    with running_server(tiny_model_dir, tmp_path, archive) as server:
+    with running_server(tiny_model_dir, tmp_path, archive, handler=FAULTY_HANDLER) as server:
         yield server
 
 

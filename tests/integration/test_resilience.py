@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import MODEL, REPO, locust_run, running_server
+from conftest import FAULTY_HANDLER, MODEL, REPO, locust_run, running_server
 
 from hymt_serve.ops.launcher import Server, model_workers
 
@@ -48,7 +48,7 @@ def small_server(
     }
     config = {"default_response_timeout": str(RESPONSE_TIMEOUT_S)}
     with running_server(
-        tiny_model_dir, tmp_path_factory.mktemp("small"), archive, config
+        tiny_model_dir, tmp_path_factory.mktemp("small"), archive, config, handler=FAULTY_HANDLER
     ) as server:
         yield server
 

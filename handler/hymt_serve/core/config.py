@@ -271,23 +271,10 @@ class Sampling:
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.repetition_penalty)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Faults:
-    """Test-only fault injection (0 = off); never set in production."""
-
-    test_oom_max_new_tokens: int = bounded(
-        0, 0, 32_768, "A batch holding a row asking exactly this many tokens runs out of memory."
-    )
-    test_hang_max_new_tokens: int = bounded(
-        0, 0, 32_768, "A batch holding a row asking exactly this many tokens never finishes."
-    )
-
-
 CONCERNS: dict[str, type[Any]] = {
     "loading": Loading,
     "scheduler": Scheduler,
     "limits": RequestLimits,
     "serving": Serving,
     "sampling": Sampling,
-    "faults": Faults,
 }

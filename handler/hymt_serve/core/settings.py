@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hymt_serve.core.config import (
     CONCERNS,
-    Faults,
     Loading,
     Quantization,
     RequestLimits,
@@ -30,7 +29,7 @@ from hymt_serve.core.config import (
     specs,
 )
 from hymt_serve.core.errors import ConfigurationError
-from hymt_serve.core.types import SamplingParams
+from hymt_serve.core.types import GenerationRow, SamplingParams
 
 MODEL_PATH_ENV = "HYMT_MODEL_PATH"
 
@@ -46,7 +45,10 @@ class Settings:
     limits: RequestLimits = field(default_factory=RequestLimits)
     serving: Serving = field(default_factory=Serving)
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    faults: Faults = field(default_factory=Faults)
+    # Not a handler key: a check the engine runs on the rows of each prefill, set by code that
+    # wraps the handler (the tests inject device errors and hangs with it). It must pickle: the
+    # engine process gets the settings.
+    before_prefill: Callable[[Sequence[GenerationRow]], None] | None = None
 
     @classmethod
     def from_mapping(
@@ -91,7 +93,7 @@ class Settings:
         """The flat keys as model-config.yaml writes them, JSON-ready, for describe output and
         logs (no secrets in settings)."""
         view: dict[str, Any] = {"model_path": str(self.model_path)}
-        for name in ("loading", "scheduler", "limits", "serving", "faults"):
+        for name in ("loading", "scheduler", "limits", "serving"):
             view.update(asdict(getattr(self, name)))
         view["quantization"] = self.loading.quantization.value
         view["sampling"] = asdict(self.sampling)

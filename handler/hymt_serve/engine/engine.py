@@ -15,8 +15,7 @@ TorchServe's async mode). :meth:`Engine.generate` is "submit all, run until done
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -42,7 +41,6 @@ from hymt_serve.engine.scheduler.loop import Scheduler
 logger = logging.getLogger(__name__)
 
 GPTQ = Quantization.GPTQ_INT4.value  # a GPTQ checkpoint's, whatever the setting says
-HANG_SECONDS = 3600.0  # test_hang_max_new_tokens: far past any response timeout
 
 
 class Engine:
@@ -67,7 +65,7 @@ class Engine:
             codec.result if decode else _ids_only,
             max_seq_len=settings.limits.max_input_tokens + settings.limits.max_new_tokens,
             max_waiting=max_waiting,
-            before_prefill=_fault_injection(settings),
+            before_prefill=settings.before_prefill,
         )
 
     @property
@@ -201,6 +199,7 @@ def _pick_runner(
         return hf, "auto: no CUDA device"
     if plan.quantization.bitsandbytes:
         return hf, f"quantization {plan.quantization.value!r} (bitsandbytes weights)"
+    # The fast engine's modules import Triton and define its kernels: loaded only when tried.
     from hymt_serve.engine.runners.build import UnsupportedModelError, build_fast_runner
 
     try:
@@ -226,24 +225,3 @@ def _pick_runner(
 
 def _ids_only(tokens: list[int], finish: FinishReason) -> GenerationResult:
     return GenerationResult("", tuple(tokens), finish)
-
-
-def _fault_injection(settings: Settings) -> Callable[[Sequence[GenerationRow]], None] | None:
-    """Test-only settings, checked before each prefill: a row asking for
-    ``test_oom_max_new_tokens`` makes its prefill run out of memory; one asking for
-    ``test_hang_max_new_tokens`` hangs the engine (a wedged worker). None when neither is set."""
-    oom, hang = settings.faults.test_oom_max_new_tokens, settings.faults.test_hang_max_new_tokens
-    if not (oom or hang):
-        return None
-
-    def inject(rows: Sequence[GenerationRow]) -> None:
-        import torch
-
-        asked = {row.max_new_tokens for row in rows}
-        if oom and oom in asked:
-            raise torch.OutOfMemoryError(f"injected by test_oom_max_new_tokens={oom}")
-        if hang and hang in asked:
-            logger.warning("hanging: test_hang_max_new_tokens is set (tests only)")
-            time.sleep(HANG_SECONDS)
-
-    return inject

@@ -57,8 +57,10 @@ def build_archive(
     bundle_weights: bool = False,
     archive_format: str = "default",
     overrides: Mapping[str, Any] | None = None,
+    handler: Path | None = None,
 ) -> Path:
-    """Build ``<export_path>/<name>.mar`` (or a folder for ``no-archive``); returns its path."""
+    """Build ``<export_path>/<name>.mar`` (or a folder for ``no-archive``); returns its path.
+    ``handler``: another handler file than ours (a test's subclass of it)."""
     if not (model_path / "config.json").is_file():
         raise FileNotFoundError(f"{model_path} is not a Hugging Face model folder (no config.json)")
     export_path.mkdir(parents=True, exist_ok=True)
@@ -71,7 +73,7 @@ def build_archive(
         recorded_path = BUNDLED_MODEL_DIR if bundle_weights else str(model_path.resolve())
         config = render_model_config(template, recorded_path, overrides)
         (stage / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        _run_archiver(stage, export_path, name, version, archive_format)
+        _run_archiver(stage, export_path, name, version, archive_format, handler)
     suffix = {"default": ".mar", "tgz": ".tar.gz", "no-archive": ""}[archive_format]
     return export_path / f"{name}{suffix}"
 
@@ -83,7 +85,9 @@ def _handler_file() -> Path:
     return Path(spec.origin)
 
 
-def _run_archiver(stage: Path, export_path: Path, name: str, version: str, fmt: str) -> None:
+def _run_archiver(
+    stage: Path, export_path: Path, name: str, version: str, fmt: str, handler: Path | None
+) -> None:
     if fmt == "no-archive":
         shutil.rmtree(export_path / name, ignore_errors=True)
     command = [
@@ -95,7 +99,7 @@ def _run_archiver(stage: Path, export_path: Path, name: str, version: str, fmt: 
         "--version",
         version,
         "--handler",
-        str(_handler_file()),
+        str(handler or _handler_file()),
         "--extra-files",
         str(stage / "extra"),
         "--config-file",
