@@ -136,8 +136,7 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     # The engine (its domain errors): rows it cannot take, too many waiting, its process gone.
     ("hymt_serve/engine/scheduler/loop.py", "submit", "RowRejected"): 400,
     ("hymt_serve/engine/scheduler/jobs.py", "put", "QueueFull"): 503,
-    ("hymt_serve/engine/runners/fast.py", "check", "ContextTooLong"): 413,
-    ("hymt_serve/engine/runners/hf_forward.py", "check", "ContextTooLong"): 413,
+    ("hymt_serve/engine/scheduler/loop.py", "submit", "ContextTooLong"): 413,
     ("hymt_serve/engine/process/private.py", "submit", "EngineUnavailable"): 503,
     ("hymt_serve/engine/process/private.py", "describe_later", "EngineUnavailable"): 503,
     ("hymt_serve/engine/process/private.py", "_child_gone", "EngineFailed"): 500,

@@ -25,8 +25,6 @@ import torch
 from torch import Tensor
 from torch.cuda import CUDAGraph
 
-from hymt_serve.core.errors import ContextTooLong
-from hymt_serve.core.types import GenerationRow
 from hymt_serve.engine.kernels import ahead, quantized, weight_only
 from hymt_serve.engine.kernels.attention import kernel_name, num_splits, prompt_kernel_name
 from hymt_serve.engine.models.base import Architecture
@@ -39,7 +37,7 @@ from hymt_serve.engine.runners.prefill import (
     PackedPrefill,
     side_stream,
 )
-from hymt_serve.engine.runners.protocol import Recorder
+from hymt_serve.engine.runners.protocol import Context, Recorder
 
 logger = logging.getLogger(__name__)
 
@@ -117,20 +115,15 @@ class FastRunner(PackedPrefill):
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for part in self.caches for t in part)
 
-    def check(self, row: GenerationRow) -> None:
-        """Raise ContextTooLong unless ``row`` fits the cache and the model's positions.
+    @property
+    def context(self) -> Context:
+        """The cache's and the model's positions, whichever is fewer.
 
         The last generated token is never fed back, so a row uses positions up to
         ``prompt + max_new_tokens - 2``: ``prompt + max_new_tokens`` may equal both limits.
         """
-        total = len(row.prompt_ids) + row.max_new_tokens
         limit = min(self.max_seq_len, self.max_positions or self.max_seq_len)
-        if total > limit:
-            raise ContextTooLong(
-                f"prompt + max_new_tokens is {total} tokens",
-                allowed=f"at most {limit} (the engine's context for one text)",
-                field="max_new_tokens",
-            )
+        return Context(limit, "the engine's context for one text")
 
     def can_admit(self, running: int) -> bool:
         """Rows join a running batch at any step."""

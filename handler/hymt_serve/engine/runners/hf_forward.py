@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from hymt_serve.core.errors import ContextTooLong
-from hymt_serve.core.types import GenerationRow
+from hymt_serve.engine.runners.protocol import Context
 
 
 class HFRunner:
@@ -40,15 +39,10 @@ class HFRunner:
         self._tokens = torch.zeros(0, dtype=torch.long, device=self.device)
         self._slots = torch.zeros(0, dtype=torch.long, device=self.device)
 
-    def check(self, row: GenerationRow) -> None:
-        """Raise ContextTooLong unless ``row`` fits the model's positions."""
-        total = len(row.prompt_ids) + row.max_new_tokens
-        if self.max_positions and total > self.max_positions:
-            raise ContextTooLong(
-                f"prompt + max_new_tokens is {total} tokens",
-                allowed=f"at most {self.max_positions} (the model's max_position_embeddings)",
-                field="max_new_tokens",
-            )
+    @property
+    def context(self) -> Context:
+        """The model's positions (transformers' cache grows as needed)."""
+        return Context(self.max_positions, "the model's max_position_embeddings")
 
     def can_admit(self, running: int) -> bool:
         """Rows join an idle runner only (the cache is one left-padded batch)."""

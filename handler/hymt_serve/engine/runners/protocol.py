@@ -6,12 +6,18 @@ besides (mixed steps, recorded greedy steps)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from hymt_serve.core.types import GenerationRow
+
+class Context(NamedTuple):
+    """The most prompt + max_new_tokens tokens one row may have (0: no bound), and what sets
+    that bound (for the client's error message)."""
+
+    tokens: int
+    source: str
 
 
 class Runner(Protocol):
@@ -31,8 +37,10 @@ class Runner(Protocol):
     @property
     def vocab(self) -> int: ...
 
-    def check(self, row: GenerationRow) -> None:
-        """Raise ContextTooLong unless the row fits."""
+    @property
+    def context(self) -> Context:
+        """What one row may hold; the scheduler checks each row against it when it is
+        submitted."""
 
     def can_admit(self, running: int) -> bool:
         """Whether new rows may join a batch of ``running`` rows now."""

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hymt_serve.core.errors import RowRejected
+from hymt_serve.core.errors import ContextTooLong, RowRejected
 from hymt_serve.core.types import (
     FinishReason,
     GenerationResult,
@@ -132,7 +132,13 @@ class Scheduler(Admission):
         a row the engine cannot take, QueueFull when too many rows wait already."""
         if not row.prompt_ids or row.max_new_tokens < 1:
             raise RowRejected("a row needs at least one prompt token and max_new_tokens >= 1")
-        self._runner.check(row)
+        context, total = self._runner.context, len(row.prompt_ids) + row.max_new_tokens
+        if context.tokens and total > context.tokens:
+            raise ContextTooLong(
+                f"prompt + max_new_tokens is {total} tokens",
+                allowed=f"at most {context.tokens} ({context.source})",
+                field="max_new_tokens",
+            )
         job = Job(row, Future(), on_tokens)
         self._waiting.put(job)
         return job.future
