@@ -63,8 +63,8 @@ def test_the_blas_library_applies_on_cuda_only() -> None:
 def test_auto_takes_the_plain_row_kernel_where_it_was_measured(
     monkeypatch: pytest.MonkeyPatch, setting: str, capability: tuple[int, int], resolved: str
 ) -> None:
-    """Hopper (9.x): the Triton kernel, faster than cuBLAS on an H200; elsewhere cuBLAS unless
-    asked for."""
+    """Compute capability 9.x: the Triton kernel (measured faster than cuBLAS there); elsewhere
+    cuBLAS unless asked for."""
     from hymt_serve.engine.checkpoints import loading
 
     monkeypatch.setattr(loading.torch.cuda, "get_device_capability", lambda device: capability)
