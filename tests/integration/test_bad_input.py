@@ -354,7 +354,7 @@ def test_token_cases_straddle_the_limit(tiny_model_dir: Path) -> None:
         model_dir=tiny_model_dir,
         environ={"HYMT_MODEL_PATH": str(tiny_model_dir)},
     )
-    profile = detect_profile(demo.model_path, demo.prompt_family)
+    profile = detect_profile(demo.model_path, demo.loading.prompt_family)
 
     def prompt_tokens(text: str, target: Language) -> int:
         prompt, _ = build_prompt(text, None, target, profile=profile)
