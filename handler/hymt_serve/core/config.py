@@ -65,10 +65,17 @@ def specs(config: type[Any]) -> Iterator[tuple[Field[Any], Spec]]:
         yield field_, field_.metadata["spec"]
 
 
-class Quantization(enum.StrEnum):
+class Quantization(str, enum.Enum):
     """How the weights are quantized: a ``quantization`` setting, or a quantized checkpoint's
     kind (``GPTQ_INT4``, ``FP8``). It knows which engine quantizes, and whether the LM head may
-    follow the projections (``quantize_lm_head``)."""
+    follow the projections (``quantize_lm_head``). A member is its value as a string (as
+    ``enum.StrEnum``, which Python 3.10 lacks)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
     NONE = "none"
     FP8 = "fp8"  # FP8 tensor cores (or an FP8 checkpoint), quantized by the fast engine

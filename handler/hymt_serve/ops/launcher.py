@@ -227,7 +227,7 @@ def start(
             print(
                 "hymt: the front-end plugin's jar is missing (a broken install: reinstall the"
                 " package): async mode runs with TorchServe's own request map, unsynchronised"
-                " and keeping every error reply (README, operating notes)",
+                " and keeping every error reply (docs/operations.md)",
                 file=sys.stderr,
             )
     write_properties(values, server.config_path)

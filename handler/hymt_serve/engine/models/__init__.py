@@ -21,5 +21,5 @@ def architecture_for(model: nn.Module) -> Architecture:
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
         known = ", ".join(sorted(ARCHITECTURES))
-        raise UnsupportedModelError(f"model_type must be {known}, got {config!r:.80}")
+        raise UnsupportedModelError(f"model_type must be {known}, got {model_type!r}")
     return ARCHITECTURES[model_type]
