@@ -10,7 +10,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, Pre
 from hymt_serve.core.errors import ContextTooLong, RowRejected
 from hymt_serve.core.types import GenerationRow, SamplingParams
 from hymt_serve.engine.models import hunyuan_v1_dense as step
-from hymt_serve.engine.models.hunyuan_v1_dense import norms_fit_fp16
+from hymt_serve.engine.models import hunyuan_v1_dense_weights
+from hymt_serve.engine.models.hunyuan_v1_dense_weights import norms_fit_fp16
 from hymt_serve.engine.models.weights import ModelShape
 from hymt_serve.engine.runners.build import UnsupportedModelError, build_fast_runner
 from hymt_serve.engine.runners.fast import FastRunner
@@ -337,5 +338,5 @@ def test_norms_fit_fp16_from_the_largest_norm_weight(monkeypatch: pytest.MonkeyP
     with torch.no_grad():
         model.model.norm.weight[0] = 1.1 * limit  # the final norm feeds the LM head
     assert not norms_fit_fp16(model)
-    monkeypatch.setattr(step, "FP16_NORM_INPUTS", False)
+    monkeypatch.setattr(hunyuan_v1_dense_weights, "FP16_NORM_INPUTS", False)
     assert not norms_fit_fp16(tiny_model())

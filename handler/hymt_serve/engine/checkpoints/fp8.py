@@ -14,7 +14,8 @@ norms and ``lm_head`` stay bf16 and are listed as not quantized under ``ignored_
 Loading: transformers reads the checkpoint with its ``quantization_config`` removed, which puts
 each FP8 weight into the model's dtype exactly (every e4m3 value is a bf16 value); the fast
 engine turns those back into e4m3 with the scales read here (the architecture's
-``extract_weights``, e.g. :func:`hymt_serve.engine.models.hunyuan_v1_dense.extract_weights`).
+``extract_weights``, e.g.
+:func:`hymt_serve.engine.models.hunyuan_v1_dense_weights.extract_weights`).
 Anything else under ``quantization_config`` is refused by name.
 """
 

@@ -11,7 +11,7 @@ from hymt_serve.engine.models import hunyuan_v1_dense
 from hymt_serve.engine.models.base import Architecture, UnsupportedModelError
 
 ARCHITECTURES: dict[str, Architecture] = {
-    hunyuan_v1_dense.MODEL_TYPE: hunyuan_v1_dense.ARCHITECTURE,
+    hunyuan_v1_dense.ARCHITECTURE.model_type: hunyuan_v1_dense.ARCHITECTURE,
 }
 
 

@@ -59,8 +59,9 @@ class ModelShape:
     eps: float
     vocab: int
     # Whether a norm's output fits fp16: |rms_norm(x) * g| <= sqrt(hidden) * max |g| for every
-    # norm that feeds a projection (fast.norms_fit_fp16). Then int8 weight-only products take
-    # those inputs as fp16, the same values, and widen their weights in fewer instructions.
+    # norm that feeds a projection (hunyuan_v1_dense_weights.norms_fit_fp16). Then int8
+    # weight-only products take those inputs as fp16, the same values, and widen their weights
+    # in fewer instructions.
     norms_fit_fp16: bool = False
 
     @property
