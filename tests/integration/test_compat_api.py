@@ -49,6 +49,8 @@ def test_libretranslate_client(front: tuple[str, str]) -> None:
     client = LibreTranslateAPI(url, api_key=key)
     assert isinstance(client.translate("Good morning.", "en", "fr"), str)
     assert isinstance(client.translate("早上好。", "auto", "zt"), str)  # zt: traditional Chinese
+    [found] = client.detect("Guten Morgen, wie geht es Ihnen heute?")
+    assert found["language"] == "de" and 50 <= found["confidence"] <= 100
     codes = {lang["code"] for lang in client.languages()}
     assert {"en", "zh", "zh-Hant", "yue"} <= codes and len(codes) == 38
     listed = requests.post(
@@ -83,7 +85,7 @@ def test_deepl_client(front: tuple[str, str]) -> None:
     assert isinstance(one.text, str) and one.detected_source_lang == "EN"
     assert one.billed_characters == len("Good morning.")
     several = translator.translate_text(["你好", "谢谢"], target_lang="EN-US")
-    assert len(several) == 2 and several[0].detected_source_lang == ""
+    assert [one.detected_source_lang for one in several] == ["ZH", "ZH"]  # detected
     targets = {lang.code for lang in translator.get_target_languages()}
     assert {"EN-US", "EN-GB", "PT-BR", "ZH-HANT", "JA"} <= targets
     sources = {lang.code for lang in translator.get_source_languages()}

@@ -94,6 +94,7 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/protocol.py", "_language", "InvalidRequest"): 400,
     ("hymt_serve/request/protocol.py", "_language", "UnsupportedLanguage"): 400,
     ("hymt_serve/request/protocol.py", "parse_request", "SameLanguage"): 400,
+    ("hymt_serve/request/protocol.py", "_check_detectable", "InvalidRequest"): 400,
     ("hymt_serve/request/protocol.py", "_max_new_tokens", "InvalidRequest"): 400,
     ("hymt_serve/request/protocol.py", "_sampling", "InvalidRequest"): 400,
     ("hymt_serve/request/protocol.py", "_check_sampling_value", "InvalidRequest"): 400,

@@ -7,7 +7,8 @@ Pure functions (no torch), testable in milliseconds. Request body (JSON object):
      "format": "markdown",                   text | markdown | html | srt (default text) and
      "previous_context": true,               the previous segment as context (optional)
      "target_lang": "en",                    required (alias "tgt_lang")
-     "source_lang": "zh",                    optional (alias "src_lang")
+     "source_lang": "zh",                    optional (alias "src_lang"); "auto": each
+                                             text's language detected (request.detect)
      "max_new_tokens": 128,                  optional, 1..the server's cap
      "sampling": true,                       optional, default false (greedy)
      "stream": true,                         optional, default false; one text (its text
@@ -29,6 +30,7 @@ from typing import Any
 from hymt_serve.core.config import Sampling, spec_of
 from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import SamplingParams
+from hymt_serve.request.detect import Detection, detect
 from hymt_serve.request.document_fields import DOCUMENT_FIELDS, DocumentInput, parse_document
 from hymt_serve.request.errors import (
     InvalidRequest,
@@ -38,13 +40,14 @@ from hymt_serve.request.errors import (
 )
 from hymt_serve.request.families import HUNYUAN_MT_7B, Profile
 from hymt_serve.request.features import FEATURE_FIELDS, Features, parse_features
-from hymt_serve.request.languages import SUPPORTED_CODES, Language, lookup
+from hymt_serve.request.languages import LANGUAGES, SUPPORTED_CODES, Language, lookup
 from hymt_serve.request.values import brief, flag, is_unicode
 
 ALIASES = {"src_lang": "source_lang", "tgt_lang": "target_lang"}
 # A valid body nests 2 levels (object -> list of texts); anything far deeper is refused before
 # any code walks it recursively (repr, comparisons) and hits Python's recursion limit.
 MAX_DEPTH = 8
+DETECT_DOCUMENT_CHARS = 4000  # a document's language is detected from its opening
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
 FIELDS = (
     "text",
@@ -72,6 +75,23 @@ class TranslationRequest:
     stream: bool = False
     features: Features = field(default_factory=Features)
     document: DocumentInput | None = None  # a document request: ``texts`` is empty
+    auto_source: bool = False  # source_lang "auto": each text's language is detected
+
+    def source_for(self, text: str) -> Language | None:
+        """The source language of one text's prompt: the named one, or with ``auto`` the
+        detected one (None when detection is unsure: the prompt then goes without it)."""
+        if not self.auto_source:
+            return self.source
+        found = detect(text)
+        return LANGUAGES[found.language] if found else None
+
+    def detections(self) -> list[Detection | None] | None:
+        """With ``auto``: each text's detected language (a document: the whole document's)."""
+        if not self.auto_source:
+            return None
+        if self.document:  # its opening is enough, and detection walks every character
+            return [detect(self.document.text[:DETECT_DOCUMENT_CHARS])]
+        return [detect(text) for text in self.texts]
 
 
 def decode_body(body: Any) -> dict[str, Any]:
@@ -160,7 +180,11 @@ def parse_request(
     texts, single = ((), False) if document else _texts(fields.get("text"), settings)
     features = parse_features(fields, profile, settings, len(texts), single)
     target = _language(fields.get("target_lang"), "target_lang", required=True)
-    source = _language(fields.get("source_lang"), "source_lang", required=profile.needs_source_lang)
+    auto = _is_auto(fields.get("source_lang"))
+    if auto and profile.needs_source_lang:
+        _check_detectable(texts)
+    raw_source = None if auto else fields.get("source_lang")
+    source = _language(raw_source, "source_lang", required=profile.needs_source_lang and not auto)
     assert target is not None
     if source is not None and source.code == target.code:
         raise SameLanguage(
@@ -180,7 +204,24 @@ def parse_request(
         stream=_stream(fields, single or document is not None, features),
         features=features,
         document=document,
+        auto_source=auto,
     )
+
+
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def _check_detectable(texts: tuple[str, ...]) -> None:
+    """For a template that names the source language: every text's language must be detected."""
+    for index, text in enumerate(texts):
+        if detect(text) is None:
+            raise InvalidRequest(
+                f"the language of text {index} could not be detected, and this model family's "
+                "template names the source language",
+                allowed=list(SUPPORTED_CODES),
+                field="source_lang",
+            )
 
 
 def _canonical_fields(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hymt_serve.core.types import GenerationResult
+from hymt_serve.request.detect import Detection
 from hymt_serve.request.documents import Document
 from hymt_serve.request.markup import Markup, restore, unwrap_target
 from hymt_serve.request.prompts import Template
@@ -26,8 +27,10 @@ def render_response(
     ``finish_reason`` "length" says max_new_tokens cut the text. The formatted template's
     answer loses its ``<target>`` wrapper; text with markup behind ``<sN>`` tags gets it back
     (with how many tags the model lost; in a document, lost code and URLs are kept at the
-    segment's end); a refined text lists the candidates it came from.
+    segment's end); a refined text lists the candidates it came from. With ``source_lang``
+    "auto" each translation (and a document's reply) says what was ``detected``.
     """
+    detections = request.detections()
     items = []
     for index, (result, n_in, template, markup) in enumerate(
         zip(results, input_tokens, templates, markups, strict=True)
@@ -45,6 +48,8 @@ def render_response(
             item["text"], item["format_tags_lost"] = restore(item["text"], markup, keep_lost=True)
         if request.features.candidates:
             item["candidates"] = list(request.features.candidates[index])
+        if detections is not None and document is None:
+            item["detected"] = _detected(detections[index])
         items.append(item)
     response: dict[str, Any] = {}
     if document is not None:
@@ -53,6 +58,8 @@ def render_response(
         if request.single:
             response["translation"] = items[0]["text"]
         response["translations"] = items
+    if detections is not None and (document is not None or request.single):
+        response["detected"] = _detected(detections[0])
     response.update(
         source_lang=request.source.code if request.source else None,
         target_lang=request.target.code,
@@ -63,6 +70,13 @@ def render_response(
         request_id=request_id,
     )
     return response
+
+
+def _detected(found: Detection | None) -> dict[str, Any] | None:
+    """A detection as the reply shows it: ``{"language", "confidence"}``, or null when unsure."""
+    if found is None:
+        return None
+    return {"language": found.language, "confidence": round(found.confidence, 3)}
 
 
 def _document_reply(document: Document, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -176,7 +176,7 @@ class TranslationService:
         """One text's prompt, tokenised; PayloadTooLarge past max_input_tokens."""
         prompt, template = build_prompt(
             text,
-            request.source,
+            request.source_for(text),
             request.target,
             profile=self.profile,
             options=options,

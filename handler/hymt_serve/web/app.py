@@ -55,6 +55,7 @@ ALWAYS_OPEN = frozenset({"page", "favicon", "static", "live", "server_ready", "m
 OWN_KEYS = frozenset(
     {
         "libre_translate",
+        "libre_detect",
         "deepl_translate",
         "deepl_languages",
         "deepl_usage",

@@ -2,8 +2,9 @@
 that tools written for those servers translate with Hunyuan-MT unchanged.
 
 - LibreTranslate: ``POST /translate`` (``q`` a string or a list, ``source`` a code or
-  ``auto``, ``target``, ``format`` text or html, ``api_key``), ``GET /languages``; errors as
-  ``{"error": "..."}``.
+  ``auto``, ``target``, ``format`` text or html, ``api_key``; with ``auto`` the reply's
+  ``detectedLanguage``), ``POST /detect`` (``q``, ``api_key``: ``[{"confidence": 0-100,
+  "language"}]``, empty when unsure), ``GET /languages``; errors as ``{"error": "..."}``.
 - DeepL v2: ``POST /v2/translate`` (``text`` list, ``target_lang``, ``source_lang``,
   ``tag_handling``, ``context``; ``Authorization: DeepL-Auth-Key ...``), ``GET /v2/languages``,
   ``GET /v2/usage``; regional codes mapped (``EN-US``, ``PT-BR``, ``ZH-HANT``, ...); errors as
@@ -11,8 +12,9 @@ that tools written for those servers translate with Hunyuan-MT unchanged.
 
 Both take form or JSON bodies and this front end's own keys (:mod:`.keys`). HTML
 (``format: html``, ``tag_handling``) is our ``preserve_format: "html"``, for the model families
-that have it. There is no language detection: with ``auto`` / no ``source_lang`` the model
-translates whatever it gets, and DeepL's ``detected_source_language`` is empty.
+that have it. LibreTranslate's ``auto`` and DeepL without ``source_lang`` are our ``source_lang:
+"auto"``: each text's language is detected (:mod:`hymt_serve.request.detect`) and reported
+(DeepL's ``detected_source_language``, empty when detection is unsure).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from flask import Flask, Response, jsonify, request
 
+from hymt_serve.request.detect import detect
 from hymt_serve.request.languages import LANGUAGES, Language, lookup
 from hymt_serve.web.fairness import BULK_CHUNK, RETRY_AFTER_S, Busy, KeyLimits, Post, fan_out
 from hymt_serve.web.keys import ClientKey, ClientKeys
@@ -83,7 +86,7 @@ def add_compat_routes(
 
     def translate(
         key: ClientKey, texts: list[str], fields: dict[str, Any], over_quota: CompatError
-    ) -> list[str]:
+    ) -> list[dict[str, Any]]:
         if len(texts) > MAX_TEXTS:
             raise CompatError(
                 413,
@@ -121,7 +124,32 @@ def add_compat_routes(
             out = translate(key, texts, fields, quota)
         except CompatError as error:
             return error.answer("error")
-        return jsonify(translatedText=out[0] if isinstance(q, str) else out)
+        translated = [item["text"] for item in out]
+        reply: dict[str, Any] = {
+            "translatedText": translated[0] if isinstance(q, str) else translated
+        }
+        if fields.get("source_lang") == "auto":
+            found = [_libre_detected(item.get("detected")) for item in out]
+            reply["detectedLanguage"] = found[0] if isinstance(q, str) else found
+        return jsonify(reply)
+
+    @app.post("/detect")
+    def libre_detect() -> Any:
+        try:
+            params = _params()
+            if keys.find(_text_param(params, "api_key")) is None:
+                raise CompatError(403, "Invalid API key")
+            q = _text_param(params, "q")
+            if not q:
+                raise CompatError(400, "Invalid request: missing q parameter")
+        except CompatError as error:
+            return error.answer("error")
+        found = detect(q)
+        if found is None:
+            return jsonify([])
+        return jsonify(
+            [{"confidence": round(found.confidence * 100, 1), "language": found.language}]
+        )
 
     @app.get("/languages")
     def libre_languages() -> Any:
@@ -146,11 +174,14 @@ def add_compat_routes(
             out = translate(key, texts, fields, CompatError(456, "Quota Exceeded"))
         except CompatError as error:
             return error.answer("message")
-        detected = source or ""
         return jsonify(
             translations=[
-                {"detected_source_language": detected, "text": text, "billed_characters": len(src)}
-                for text, src in zip(out, texts, strict=True)
+                {
+                    "detected_source_language": source or _deepl_detected(item.get("detected")),
+                    "text": item["text"],
+                    "billed_characters": len(src),
+                }
+                for item, src in zip(out, texts, strict=True)
             ]
         )
 
@@ -222,6 +253,7 @@ def _libre_languages(params: dict[str, Any]) -> dict[str, Any]:
         if code is None:
             raise CompatError(400, f"Invalid request: missing {name} parameter")
         if name == "source" and code == "auto":
+            fields[ours] = "auto"
             continue
         language = lookup(LIBRE_ALIASES.get(code, code))
         if language is None:
@@ -248,6 +280,8 @@ def deepl_fields(params: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         if source is None:
             raise CompatError(400, "Value for 'source_lang' not supported.")
         fields["source_lang"] = source.code
+    else:
+        fields["source_lang"] = "auto"
     tags = _text_param(params, "tag_handling")
     if tags is not None:
         if tags not in ("html", "xml"):
@@ -257,6 +291,21 @@ def deepl_fields(params: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     if context:
         fields["context"] = context
     return fields, source_code.upper() if source_code else None
+
+
+def _libre_detected(detected: dict[str, Any] | None) -> dict[str, Any]:
+    """LibreTranslate's ``detectedLanguage`` (confidence 0-100) from our ``detected``."""
+    if not detected:
+        return {"confidence": 0.0, "language": ""}
+    return {"confidence": round(detected["confidence"] * 100, 1), "language": detected["language"]}
+
+
+def _deepl_detected(detected: dict[str, Any] | None) -> str:
+    """DeepL's ``detected_source_language`` from our ``detected``: a source is ZH whatever its
+    script; empty when detection was unsure."""
+    if not detected:
+        return ""
+    return "ZH" if detected["language"] == "zh-Hant" else str(detected["language"]).upper()
 
 
 def _deepl_language(code: str | None, name: str) -> Language | None:
@@ -290,18 +339,19 @@ def _deepl_language_list(kind: str) -> list[dict[str, Any]]:
 
 def _translate(
     post: Post, model: str, texts: Sequence[str], fields: dict[str, Any], max_texts: int
-) -> list[str]:
-    """The translations of ``texts`` from our API: one request of at most ``max_texts``, or
-    bulk chunks of at most ``BULK_CHUNK`` (:mod:`.fairness`)."""
+) -> list[dict[str, Any]]:
+    """Our API's translation items for ``texts`` (``text``, and ``detected`` with ``auto``):
+    one request of at most ``max_texts``, or bulk chunks of at most ``BULK_CHUNK``
+    (:mod:`.fairness`)."""
     size = max_texts if len(texts) <= max_texts else min(max_texts, BULK_CHUNK)
     chunks = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
     bodies = [{**fields, "text": chunk, "stream": False} for chunk in chunks]
-    out: list[str] = []
+    out: list[dict[str, Any]] = []
     for status, answer in fan_out(post, model, bodies):
         if status != 200:
             message = str(answer.get("error") or f"HTTP {status}")
             kind = answer.get("error_type", "")
             code = STATUS_BY_TYPE.get(kind, status if status < 500 else 500)
             raise CompatError(code, message, RETRY_AFTER_S if code == 503 else None)
-        out += [item["text"] for item in answer["translations"]]
+        out += answer["translations"]
     return out
