@@ -165,6 +165,8 @@ def _identifier() -> Any:
     a second to unpack its model): importing this module stays cheap for callers that never
     detect."""
     global _IDENTIFIER
+    if _IDENTIFIER is not None:  # every detection after the first: no lock
+        return _IDENTIFIER
     with _LOCK:
         if _IDENTIFIER is None:
             # Start-up cost: unpacking the model takes about half a second, paid on first use.

@@ -75,23 +75,18 @@ class TranslationRequest:
     stream: bool = False
     features: Features = field(default_factory=Features)
     document: DocumentInput | None = None  # a document request: ``texts`` is empty
-    auto_source: bool = False  # source_lang "auto": each text's language is detected
+    # source_lang "auto": each text's detected language, once at parsing (a document: one, of
+    # its opening); None when the source is named or absent
+    detected: tuple[Detection | None, ...] | None = None
 
-    def source_for(self, text: str) -> Language | None:
-        """The source language of one text's prompt: the named one, or with ``auto`` the
-        detected one (None when detection is unsure: the prompt then goes without it)."""
-        if not self.auto_source:
+    def source_for(self, index: int) -> Language | None:
+        """The source language of text ``index``'s prompt (any segment of a document): the
+        named one, or with ``auto`` the detected one (None when detection was unsure: the
+        prompt then goes without it)."""
+        if self.detected is None:
             return self.source
-        found = detect(text)
+        found = self.detected[0 if self.document else index]
         return LANGUAGES[found.language] if found else None
-
-    def detections(self) -> list[Detection | None] | None:
-        """With ``auto``: each text's detected language (a document: the whole document's)."""
-        if not self.auto_source:
-            return None
-        if self.document:  # its opening is enough, and detection walks every character
-            return [detect(self.document.text[:DETECT_DOCUMENT_CHARS])]
-        return [detect(text) for text in self.texts]
 
 
 def decode_body(body: Any) -> dict[str, Any]:
@@ -181,8 +176,9 @@ def parse_request(
     features = parse_features(fields, profile, settings, len(texts), single)
     target = _language(fields.get("target_lang"), "target_lang", required=True)
     auto = _is_auto(fields.get("source_lang"))
-    if auto and profile.needs_source_lang:
-        _check_detectable(texts)
+    detected = _detected(texts, document) if auto else None
+    if detected is not None and profile.needs_source_lang:
+        _check_detectable(detected)
     raw_source = None if auto else fields.get("source_lang")
     source = _language(raw_source, "source_lang", required=profile.needs_source_lang and not auto)
     assert target is not None
@@ -204,7 +200,7 @@ def parse_request(
         stream=_stream(fields, single or document is not None, features),
         features=features,
         document=document,
-        auto_source=auto,
+        detected=detected,
     )
 
 
@@ -212,10 +208,20 @@ def _is_auto(value: Any) -> bool:
     return isinstance(value, str) and value.strip().lower() == "auto"
 
 
-def _check_detectable(texts: tuple[str, ...]) -> None:
+def _detected(
+    texts: tuple[str, ...], document: DocumentInput | None
+) -> tuple[Detection | None, ...]:
+    """Each text's language; a document's from its opening (enough, and detection walks every
+    character)."""
+    if document is not None:
+        return (detect(document.text[:DETECT_DOCUMENT_CHARS]),)
+    return tuple(detect(text) for text in texts)
+
+
+def _check_detectable(detected: tuple[Detection | None, ...]) -> None:
     """For a template that names the source language: every text's language must be detected."""
-    for index, text in enumerate(texts):
-        if detect(text) is None:
+    for index, found in enumerate(detected):
+        if found is None:
             raise InvalidRequest(
                 f"the language of text {index} could not be detected, and this model family's "
                 "template names the source language",

@@ -30,7 +30,7 @@ def render_response(
     segment's end); a refined text lists the candidates it came from. With ``source_lang``
     "auto" each translation (and a document's reply) says what was ``detected``.
     """
-    detections = request.detections()
+    detections = request.detected
     items = []
     for index, (result, n_in, template, markup) in enumerate(
         zip(results, input_tokens, templates, markups, strict=True)

@@ -1,12 +1,9 @@
 """The translation service: requests in, one reply per request out.
 
-It holds the request-level logic between the door (:mod:`hymt_serve.request.door`) and the
-engine and imports no torch, so it is tested with a fake engine in milliseconds. One path for
-both of TorchServe's modes: every valid request's rows are submitted to the engine
-(``submit(row, on_tokens) -> future``), then batch mode runs the engine until the batch's
-futures are done while async mode awaits them.
-A bad request becomes its own 4xx reply, a failure while generating the 5xx of the requests
-whose rows it hit, and the number of replies always equals the number of requests.
+Between the door and the engine, without torch (tested with a fake engine). Every valid
+request's rows are submitted (``submit(row, on_tokens) -> future``); batch mode then runs the
+engine until the futures are done, async mode awaits them. A bad request becomes its own 4xx, a
+failure while generating the 5xx of the requests whose rows it hit; one reply per request.
 """
 
 from __future__ import annotations
@@ -154,6 +151,7 @@ class TranslationService:
                 text, markup = to_tags(text, options.preserve_format)
             row, template = self._row(
                 request,
+                index,
                 text,
                 options,
                 functools.partial(_text_at, request.single, index, bool(candidates)),
@@ -167,6 +165,7 @@ class TranslationService:
     def _row(
         self,
         request: TranslationRequest,
+        index: int,
         text: str,
         options: PromptOptions,
         where: Callable[[], str],
@@ -176,7 +175,7 @@ class TranslationService:
         """One text's prompt, tokenised; PayloadTooLarge past max_input_tokens."""
         prompt, template = build_prompt(
             text,
-            request.source_for(text),
+            request.source_for(index),
             request.target,
             profile=self.profile,
             options=options,
@@ -232,6 +231,7 @@ class TranslationService:
             limit = 8 + math.ceil(settings.limits.document_length_factor * measure(segment))
             row, template = self._row(
                 request,
+                index,
                 text,
                 chosen,
                 functools.partial(_segment_at, document, index),
