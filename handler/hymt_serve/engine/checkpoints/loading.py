@@ -127,8 +127,8 @@ def _fp8(device: torch.device) -> Quantization:
         capability = torch.cuda.get_device_capability(device)
         if capability < FP8_CAPABILITY:
             raise ConfigurationError(
-                f"quantization 'fp8' needs FP8 tensor cores (compute capability 8.9 or later: "
-                f"L4, L40S, H100, H200); {torch.cuda.get_device_name(device)} has "
+                f"quantization 'fp8' needs FP8 tensor cores (compute capability 8.9 or "
+                f"later); {torch.cuda.get_device_name(device)} has "
                 f"{capability[0]}.{capability[1]}: use quantization 'int8' (weight-only) or 'none'"
             )
     return Quantization.FP8
