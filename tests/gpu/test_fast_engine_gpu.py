@@ -16,7 +16,7 @@ from hymt_serve.engine.kernels.attention import (
     prompt_attention,
     reference_decode_attention,
 )
-from hymt_serve.engine.models.hunyuan_v1_dense import packed_attention
+from hymt_serve.engine.models.decoder import packed_attention
 from hymt_serve.engine.runners.build import build_fast_runner
 from hymt_serve.engine.runners.fast import FastRunner
 from hymt_serve.engine.runners.inputs import PackedPrompts, packed_layout

@@ -12,7 +12,7 @@ from test_fast_engine_gpu import PROMPTS
 
 from hymt_serve.engine.kernels import weight_only
 from hymt_serve.engine.kernels.quantized import QUANTIZERS
-from hymt_serve.engine.models.hunyuan_v1_dense import rms_norm
+from hymt_serve.engine.models.decoder import rms_norm
 from hymt_serve.ops.tiny_model import random_7b_model
 
 pytestmark = [

@@ -11,6 +11,7 @@ from hymt_serve.core.errors import ContextTooLong, RowRejected
 from hymt_serve.core.types import GenerationRow, SamplingParams
 from hymt_serve.engine.models import hunyuan_v1_dense as step
 from hymt_serve.engine.models import hunyuan_v1_dense_weights
+from hymt_serve.engine.models.decoder import SPLIT_SUMS_READ
 from hymt_serve.engine.models.hunyuan_v1_dense_weights import norms_fit_fp16
 from hymt_serve.engine.models.weights import ModelShape
 from hymt_serve.engine.runners.build import UnsupportedModelError, build_fast_runner
@@ -306,8 +307,8 @@ def test_the_step_functions_compile_reading_split_sums_in_the_next_kernel(
     shape = ModelShape(layers=2, heads=4, kv_heads=2, head_dim=8, eps=1e-5, vocab=32)
     step.make_step_functions(shape, compile_=True)
     assert len(seen) == 3, seen
-    assert all(o == {"unroll_reductions_threshold": step.SPLIT_SUMS_READ} for o in seen), seen
-    assert step.SPLIT_SUMS_READ > 16
+    assert all(o == {"unroll_reductions_threshold": SPLIT_SUMS_READ} for o in seen), seen
+    assert SPLIT_SUMS_READ > 16
 
 
 def test_a_norm_output_stays_within_sqrt_hidden_times_its_largest_weight() -> None:

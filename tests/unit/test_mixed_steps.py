@@ -242,7 +242,7 @@ def test_a_pass_beside_running_rows_keeps_to_the_runners_keys_and_rows(
 def test_packed_attention_equals_causal_attention_per_prompt(heads: int, kv_heads: int) -> None:
     """Two prompts packed end to end, keys padded past them: each query sees its own
     prompt's keys up to its position, with each key head shared by its group of query heads."""
-    from hymt_serve.engine.models.hunyuan_v1_dense import packed_attention
+    from hymt_serve.engine.models.decoder import packed_attention
 
     torch.manual_seed(0)
     lengths, dim, padded = (5, 3), 16, 11

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 PROMPT = """
 from hymt_serve.engine.kernels.attention import prompt_attention
 from hymt_serve.engine.runners.inputs import PackedPrompts, packed_layout
-from hymt_serve.engine.models.hunyuan_v1_dense import packed_attention
+from hymt_serve.engine.models.decoder import packed_attention
 
 case = json.loads(sys.argv[1])
 heads, kv_heads, dim, slots, length = case["heads"], case["kv_heads"], 64, 6, 160

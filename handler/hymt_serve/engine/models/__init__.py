@@ -7,11 +7,12 @@ from typing import Any
 
 from torch import nn
 
-from hymt_serve.engine.models import hunyuan_v1_dense
+from hymt_serve.engine.models import hunyuan_v1_dense, hy_v3
 from hymt_serve.engine.models.base import Architecture, UnsupportedModelError
 
 ARCHITECTURES: dict[str, Architecture] = {
     hunyuan_v1_dense.ARCHITECTURE.model_type: hunyuan_v1_dense.ARCHITECTURE,
+    hy_v3.ARCHITECTURE.model_type: hy_v3.ARCHITECTURE,
 }
 
 
