@@ -10,6 +10,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from importlib.metadata import metadata
 from pathlib import Path
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "docker/Dockerfile"
@@ -62,6 +63,30 @@ def test_the_image_carries_the_committed_front_end_plugin_without_a_jdk() -> Non
     assert "frontend_guard" not in text  # nothing built or copied for it apart from handler/
 
 
+def pip_installs(text: str) -> list[str]:
+    """What each ``pip install`` in a RUN instruction installs (its arguments but options)."""
+    targets: list[str] = []
+    for keyword, arguments in instructions(text):
+        if keyword == "RUN":
+            for command in re.split(r"&&|;", arguments):
+                words = shlex.split(command)
+                if words[:2] == ["pip", "install"]:
+                    targets += [word for word in words[2:] if not word.startswith("-")]
+    return targets
+
+
+def test_the_image_installs_the_front_end() -> None:
+    """The Helm chart runs the front end (`hymt web`) from this image as the pod's door: the
+    project is installed with the web extra, which the package declares (what `hymt web`
+    imports beyond the base install)."""
+    (project,) = [t for t in pip_installs(DOCKERFILE.read_text()) if t.startswith(".")]
+    found = re.fullmatch(r"\.\[([\w,-]+)\]", project)
+    assert found, project
+    extras = set(found.group(1).split(","))
+    assert "web" in extras, project
+    assert extras <= set(metadata("hunyuan-mt-torchserve").get_all("Provides-Extra") or [])
+
+
 def test_the_package_check_reads_continued_lines_and_chained_commands() -> None:
     text = (
         "RUN apt-get update \\\n"
@@ -70,6 +95,9 @@ def test_the_package_check_reads_continued_lines_and_chained_commands() -> None:
     )
     assert apt_packages(text) == {"a", "b"}
     assert apt_packages("# RUN apt-get install c\nRUN echo apt-get install d\n") == set()
+    assert pip_installs("RUN pip install --no-cache-dir '.[a,b]' \\\n    && pip list\n") == [
+        ".[a,b]"
+    ]
 
 
 def test_the_dockerfile_is_lint_clean() -> None:
