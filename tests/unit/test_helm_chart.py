@@ -1,16 +1,25 @@
 """The Helm chart (deploy/helm/hunyuan-mt): `helm lint`, `helm template` with the default values
-and each CI values file, every manifest validated (built-in kinds against the Kubernetes 1.34
-schemas of kubernetes-validate, the KServe InferenceService against deploy/schemas/), and what
-the manifests must do: probes and preStop run our commands, GPUs equal workers, only inference
-is open to all, no key material, and config.properties exactly as `hymt start` renders it."""
+and each CI values file (the opt-in direct exposure of TorchServe among them), every manifest
+validated (built-in kinds against the Kubernetes 1.34 schemas of kubernetes-validate, the KServe
+InferenceService against deploy/schemas/), and what the manifests must do: the front end is the
+pod's one door (TorchServe on loopback, only the front end in the Service and open in the
+NetworkPolicy, metrics to the scrapers alone, its probes its own routes, answered by `hymt web`
+as the chart starts it), TorchServe's probes and preStop run our commands, GPUs equal workers,
+no key material, and config.properties exactly as `hymt start` renders it."""
 
 from __future__ import annotations
 
 import functools
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -18,6 +27,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import requests
 import yaml
 from referencing import Registry, Resource
 
@@ -34,7 +44,9 @@ VALUES = {
     "default": None,
     "init-hpa": CHART / "ci/init-container-hpa-values.yaml",
     "kserve": CHART / "ci/kserve-values.yaml",
+    "direct": CHART / "ci/direct-values.yaml",
 }
+TORCHSERVE_PORTS = {"inference": 8080, "management": 8081, "metrics": 8082}
 
 
 @functools.cache
@@ -91,10 +103,38 @@ def pod_spec(name: str) -> dict[str, Any]:
     return dict(deployment["spec"]["template"]["spec"])
 
 
+def containers(name: str) -> list[dict[str, Any]]:
+    """The pod's containers: the front end first (KServe's Service takes the first one's
+    ports), then TorchServe."""
+    found = list(pod_spec(name)["containers"])
+    first = "kserve-container" if name == "kserve" else "web"
+    assert [c["name"] for c in found] == [first, "torchserve"], [c["name"] for c in found]
+    return found
+
+
 def server_container(name: str) -> dict[str, Any]:
-    containers = pod_spec(name)["containers"]
-    assert [c["name"] for c in containers][1:] in ([], ["web"]), containers
-    return dict(containers[0])
+    return dict(containers(name)[1])
+
+
+def front_end(name: str) -> dict[str, Any]:
+    return dict(containers(name)[0])
+
+
+def addresses(values: dict[str, Any]) -> dict[str, str]:
+    """TorchServe's addresses as the values ask: loopback unless opted out, management always."""
+    inference = "0.0.0.0" if values["torchserve"]["exposeDirect"] else "127.0.0.1"
+    metrics = "0.0.0.0" if values["metrics"]["expose"] else "127.0.0.1"
+    return {
+        "inference_address": f"http://{inference}:8080",
+        "management_address": "http://127.0.0.1:8081",
+        "metrics_address": f"http://{metrics}:8082",
+    }
+
+
+def rendered_properties(name: str, tmp_path: Path) -> dict[str, str]:
+    (configmap,) = of_kind(name, "ConfigMap")
+    (tmp_path / f"{name}.properties").write_text(configmap["data"]["config.properties"])
+    return read_properties(tmp_path / f"{name}.properties")
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -161,15 +201,24 @@ def test_the_validation_can_fail() -> None:
 
 
 @pytest.mark.parametrize(
-    ("setting", "says"),
+    ("args", "says"),
     [
-        ("model.source=s3", "model.source must be pvc or init"),
-        ("torchserve.config.allowed_urls=file://{model_store}/x", "{model_store}"),
-        ("torchserve.config.metrics_config=configs/metrics.yaml", "must be an absolute path"),
+        (["--set", "model.source=s3"], "model.source must be pvc or init"),
+        (["--set", "torchserve.config.allowed_urls=file://{model_store}/x"], "{model_store}"),
+        (["--set", "torchserve.config.metrics_config=a/m.yaml"], "must be an absolute path"),
+        (["--set", "torchserve.config.inference_address=http://0.0.0.0:8080"], "sets TorchServe"),
+        (["--set", "torchserve.config.management_address=http://0.0.0.0:8081"], "sets TorchServe"),
+        (["--set", "torchserve.config.metrics_address=http://0.0.0.0:8082"], "sets TorchServe"),
+        (["--set", "kserve.enabled=true,torchserve.exposeDirect=true"], "is for the Deployment"),
+        (["--set", "autoscaling.enabled=true,metrics.expose=false"], "needs metrics.expose"),
+        (["--set", "web.existingSecret="], "web.existingSecret is required"),
+        (["--set", "web.enabled=false"], "web.enabled was removed"),
+        (["--set", "web.threads=64"], "web.threads was removed"),
+        (["--set-json", "networkPolicy.extraMetricsFrom=[]"], "renamed networkPolicy.metricsFrom"),
     ],
 )
-def test_bad_values_are_refused(setting: str, says: str) -> None:
-    done = run_helm("template", "hymt", str(CHART), "--set", setting)
+def test_bad_values_are_refused(args: list[str], says: str) -> None:
+    done = run_helm("template", "hymt", str(CHART), *args)
     assert done.returncode != 0 and says in done.stderr, done.stderr
 
 
@@ -203,7 +252,9 @@ def test_probes_run_hymt_health_and_prestop_runs_the_drain(name: str) -> None:
     assert container["readinessProbe"]["timeoutSeconds"] > readiness.timeout
 
 
-@pytest.mark.parametrize(("name", "gpus"), [("default", 1), ("init-hpa", 2), ("kserve", 1)])
+@pytest.mark.parametrize(
+    ("name", "gpus"), [("default", 1), ("init-hpa", 2), ("kserve", 1), ("direct", 1)]
+)
 def test_the_workers_are_the_gpu_limit_times_workers_per_gpu(name: str, gpus: int) -> None:
     """Three workers per GPU, as the gpu profile (they share the GPU's engine process)."""
     container = server_container(name)
@@ -244,7 +295,8 @@ def test_config_properties_is_what_hymt_start_renders(name: str, tmp_path: Path)
     ).read_bytes(), "the chart's copy must equal docker/config.properties"
     (configmap,) = of_kind(name, "ConfigMap")
     chart_text = configmap["data"]["config.properties"]
-    overrides = values_of(name)["torchserve"]["config"]
+    values = values_of(name)
+    overrides = {**values["torchserve"]["config"], **addresses(values)}
     ours = render_config(
         REPO / "docker/config.properties",
         {key: str(overrides[key]) for key in sorted(overrides)},
@@ -281,21 +333,7 @@ def test_no_key_material_only_secret_references(name: str) -> None:
     secret = values_of(name)["model"]["init"]["existingSecret"]
     assert references == ([{"secretRef": {"name": secret}}] if secret else [])
     secrets = [v["secret"]["secretName"] for v in pod_spec(name)["volumes"] if "secret" in v]
-    web = values_of(name)["web"]
-    assert secrets == ([web["existingSecret"]] if web["enabled"] and name != "kserve" else [])
-
-
-def test_network_policy_opens_only_inference_to_everyone() -> None:
-    (policy,) = of_kind("default", "NetworkPolicy")
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
-    open_to_all = [rule for rule in policy["spec"]["ingress"] if "from" not in rule]
-    assert [p["port"] for rule in open_to_all for p in rule["ports"]] == [8080]
-    for rule in policy["spec"]["ingress"]:
-        if "from" in rule:
-            assert rule["from"] == [{"podSelector": {}}]  # this namespace only
-            assert {p["port"] for p in rule["ports"]} == {8081, 8082}
-    (service,) = of_kind("default", "Service")
-    assert [p["port"] for p in service["spec"]["ports"]] == [8080]
+    assert secrets == [values_of(name)["web"]["existingSecret"]]  # the front end's client keys
 
 
 def test_model_from_a_claim_or_copied_by_an_init_container() -> None:
@@ -336,42 +374,248 @@ def test_hpa_scales_on_requests_in_flight_per_gpu() -> None:
     assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
 
 
-def test_kserve_runs_the_same_container_instead_of_the_deployment() -> None:
-    kinds = {doc["kind"] for doc in rendered("kserve")}
-    assert not kinds & {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
-    (isvc,) = of_kind("kserve", "InferenceService")
-    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
-    ours, theirs = server_container("default"), server_container("kserve")
-    assert theirs["name"] == "kserve-container"
-    assert [p["containerPort"] for p in theirs["ports"]] == [8080]
-    for key in ("image", "env", "startupProbe", "readinessProbe", "livenessProbe", "lifecycle"):
-        assert theirs[key] == ours[key], key
-    same_mounts = [m for m in ours["volumeMounts"] if m["name"] != "model"]
-    assert [m for m in theirs["volumeMounts"] if m["name"] != "model"] == same_mounts
+def test_metrics_annotations_only_where_the_metrics_port_is_bound_beyond_loopback() -> None:
+    for name in ("default", "init-hpa", "direct"):
+        (deployment,) = of_kind(name, "Deployment")
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        expose = values_of(name)["metrics"]["expose"]
+        assert ("prometheus.io/port" in annotations) == expose, name
+        if expose:
+            assert annotations["prometheus.io/port"] == "8082"
 
 
-def test_the_web_front_end_serves_shared_client_keys_from_a_secret() -> None:
-    """web.enabled: `hymt web` beside TorchServe on its own port, open to all like 8080, its
-    client keys mounted from the Secret where it reads them, draining with the pod."""
-    assert [c["name"] for c in pod_spec("default")["containers"]] == ["torchserve"]
-    (web,) = [c for c in pod_spec("init-hpa")["containers"] if c["name"] == "web"]
+# --- one public door: the front end -----------------------------------------------------------
+
+
+def test_the_default_is_the_front_end_alone() -> None:
+    """Direct TorchServe access is an opt-in: off in values.yaml, on only in its CI file."""
+    assert values_of("default")["torchserve"]["exposeDirect"] is False
+    assert [n for n in VALUES if values_of(n)["torchserve"]["exposeDirect"]] == ["direct"]
+
+
+@pytest.mark.parametrize("name", VALUES)
+def test_torchserve_listens_on_the_pods_loopback_unless_opted_out(
+    name: str, tmp_path: Path
+) -> None:
+    properties, values = rendered_properties(name, tmp_path), values_of(name)
+    assert properties["management_address"] == "http://127.0.0.1:8081"  # never beyond the pod
+    assert properties["grpc_inference_address"] == "127.0.0.1"
+    assert properties["grpc_management_address"] == "127.0.0.1"
+    direct, metrics = values["torchserve"]["exposeDirect"], values["metrics"]["expose"]
+    assert properties["inference_address"] == (
+        "http://0.0.0.0:8080" if direct else "http://127.0.0.1:8080"
+    )
+    assert properties["metrics_address"] == (
+        "http://0.0.0.0:8082" if metrics else "http://127.0.0.1:8082"
+    )
+    assert properties["disable_token_authorization"] == "false"
+
+
+@pytest.mark.parametrize("name", VALUES)
+def test_containers_declare_exactly_the_ports_bound_beyond_loopback(name: str) -> None:
+    values = values_of(name)
+    assert [(p["name"], p["containerPort"]) for p in front_end(name)["ports"]] == [
+        ("web", values["web"]["port"])
+    ]
+    declared = {p["containerPort"] for p in server_container(name).get("ports", [])}
+    bound = {
+        port
+        for port, address in zip((8080, 8081, 8082), addresses(values).values(), strict=True)
+        if "0.0.0.0" in address
+    }
+    assert declared == bound and 8081 not in declared
+
+
+@pytest.mark.parametrize("name", VALUES)
+def test_only_the_front_end_is_in_the_service(name: str) -> None:
+    """The chart's Service, or for KServe the one its controller builds from the first
+    container's ports (reconcilers/service: containers[0].ports, the first as port 80)."""
+    values = values_of(name)
+    if name == "kserve":
+        assert not of_kind(name, "Service")
+        first = front_end(name)
+        assert first["name"] == "kserve-container"
+        assert [p["containerPort"] for p in first["ports"]] == [values["web"]["port"]]
+        return
+    (service,) = of_kind(name, "Service")
+    ports = [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]]
+    expected = [(values["service"]["port"], "web")]
+    if values["torchserve"]["exposeDirect"]:
+        expected.append((8080, "http"))  # TorchServe's inference port, by name
+    assert ports == expected
+    named = {p["name"]: p["containerPort"] for c in containers(name) for p in c.get("ports", [])}
+    assert {named[target] for _, target in ports} <= {values["web"]["port"], 8080}
+
+
+@pytest.mark.parametrize("name", VALUES)
+def test_network_policy_admits_the_front_end_and_the_scrapers_only(name: str) -> None:
+    values = values_of(name)
+    (policy,) = of_kind(name, "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == pod_labels(name)
+    rules = policy["spec"]["ingress"]
+    open_to_all = [p["port"] for rule in rules if "from" not in rule for p in rule["ports"]]
+    expected = [values["web"]["port"]] + [8080] * values["torchserve"]["exposeDirect"]
+    assert open_to_all == expected
+    restricted = [rule for rule in rules if "from" in rule]
+    if values["metrics"]["expose"]:
+        (rule,) = restricted
+        assert rule["from"] == values["networkPolicy"]["metricsFrom"] and rule["from"]
+        assert [p["port"] for p in rule["ports"]] == [8082]
+    else:
+        assert not restricted
+    admitted = {p["port"] for rule in rules for p in rule["ports"]}
+    declared = {p["containerPort"] for c in containers(name) for p in c.get("ports", [])}
+    assert TORCHSERVE_PORTS["management"] not in admitted and admitted == declared
+
+
+def pod_labels(name: str) -> dict[str, str]:
+    if name == "kserve":
+        (isvc,) = of_kind(name, "InferenceService")
+        return dict(isvc["spec"]["predictor"]["labels"])
+    (deployment,) = of_kind(name, "Deployment")
+    return dict(deployment["spec"]["template"]["metadata"]["labels"])
+
+
+@pytest.mark.parametrize("name", VALUES)
+def test_the_front_end_runs_beside_torchserve_with_the_secrets_client_keys(name: str) -> None:
+    """`hymt web` on the pod's address, its probes its own routes, TorchServe's addresses from
+    the ConfigMap at the path it reads, the shared run/ (TorchServe's keys, the drain marker),
+    its client keys from the Secret where it reads them by default; it drains with the pod."""
+    web, values = front_end(name), values_of(name)
     args = build_parser().parse_args(web["command"][1:])
-    assert (args.command, args.host, args.port, args.workdir) == ("web", "0.0.0.0", 8090, Path(RUN))
-    assert args.client_keys is None  # the default: WORKDIR/web_keys.json, the Secret's file
+    assert web["command"][0] == "hymt"
+    assert (args.command, args.host, args.port, args.workdir) == (
+        "web", "0.0.0.0", values["web"]["port"], Path(RUN)
+    )  # fmt: skip
+    assert args.client_keys is None and not args.refine_model  # WORKDIR/web_keys.json
+    assert web["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "web"}
+    assert web["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "web"}
     mounts = {m["name"]: m for m in web["volumeMounts"]}
     assert mounts["web-keys"] == {
         "name": "web-keys", "mountPath": f"{RUN}/web_keys.json", "subPath": "web_keys.json",
         "readOnly": True,
     }  # fmt: skip
-    assert mounts["run"]["mountPath"] == RUN  # TorchServe's key and the usage file
-    assert web["lifecycle"]["preStop"]["exec"]["command"][:2] == ["hymt", "drain"]
-    (service,) = of_kind("init-hpa", "Service")
-    assert [p["port"] for p in service["spec"]["ports"]] == [8080, 8090]
-    (policy,) = of_kind("init-hpa", "NetworkPolicy")
-    open_to_all = [rule for rule in policy["spec"]["ingress"] if "from" not in rule]
-    assert [p["port"] for rule in open_to_all for p in rule["ports"]] == [8080, 8090]
-    missing = run_helm(
-        "template", "hymt", str(CHART), "--set", "web.enabled=true", "--set",
-        "model.pvc.existingClaim=m",
-    )  # fmt: skip
-    assert missing.returncode != 0 and "web.existingSecret is required" in missing.stderr
+    assert mounts["config"] == {
+        "name": "config", "mountPath": f"{RUN}/config.properties",
+        "subPath": "config.properties", "readOnly": True,
+    }  # fmt: skip
+    assert mounts["run"]["mountPath"] == RUN
+    assert {"name": "run", "mountPath": RUN} in server_container(name)["volumeMounts"]
+    volumes = {v["name"]: v for v in pod_spec(name)["volumes"]}
+    assert volumes["web-keys"]["secret"]["secretName"] == values["web"]["existingSecret"]
+    assert "configMap" in volumes["config"]
+    drain = web["lifecycle"]["preStop"]["exec"]["command"]
+    assert drain == server_container(name)["lifecycle"]["preStop"]["exec"]["command"]
+
+
+def test_kserve_runs_the_same_pod_instead_of_the_deployment() -> None:
+    kinds = {doc["kind"] for doc in rendered("kserve")}
+    assert not kinds & {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+    (isvc,) = of_kind("kserve", "InferenceService")
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    ours, theirs = front_end("default"), front_end("kserve")
+    assert {**theirs, "name": "web"} == ours
+    ours, theirs = server_container("default"), server_container("kserve")
+    for key in ("image", "env", "ports", "startupProbe", "readinessProbe", "livenessProbe",
+                "lifecycle"):  # fmt: skip
+        assert theirs[key] == ours[key], key
+    same_mounts = [m for m in ours["volumeMounts"] if m["name"] != "model"]
+    assert [m for m in theirs["volumeMounts"] if m["name"] != "model"] == same_mounts
+
+
+# --- the front end as the chart starts it -----------------------------------------------------
+
+
+class _DescribeApi(BaseHTTPRequestHandler):
+    """TorchServe's describe API for one model, whose workers have ``status``; 400 without
+    the management key, as TorchServe's token authorization answers."""
+
+    status = "LOADING"
+    key = "management-key"
+
+    def do_GET(self) -> None:
+        if self.headers.get("Authorization") != f"Bearer {self.key}":
+            self._answer(400, {"code": 400, "type": "InvalidKeyException"})
+        elif self.path == "/models/hunyuan-mt":
+            self._answer(200, [{"modelName": "hunyuan-mt", "workers": [{"status": self.status}]}])
+        else:
+            self._answer(404, {"code": 404})
+
+    def _answer(self, code: int, body: Any) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *_: Any) -> None:  # no request lines in the test output
+        pass
+
+
+@contextmanager
+def describe_api() -> Iterator[tuple[str, type[_DescribeApi]]]:
+    handler = type("Describe", (_DescribeApi,), {})  # its own status per test
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def get_status(url: str) -> int:
+    try:
+        return requests.get(url, timeout=5).status_code
+    except requests.ConnectionError:
+        return 0
+
+
+def test_the_front_end_answers_its_probes_as_the_chart_starts_it(tmp_path: Path) -> None:
+    """The web container's command, run here (on 127.0.0.1 and a free port, in a work folder
+    of its own) with the ConfigMap's config.properties where the chart mounts it, whose
+    management address is pointed at a stand-in describe API: liveness answers from the start
+    and whatever TorchServe says; readiness only once every worker is READY, and no longer
+    once `hymt drain` has marked the folder."""
+    web = front_end("default")
+    (configmap,) = of_kind("default", "ConfigMap")
+    text = configmap["data"]["config.properties"]
+    assert "management_address=http://127.0.0.1:8081\n" in text
+    run = tmp_path / "run"
+    run.mkdir()
+    port = free_port()
+    command = list(web["command"])
+    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)), ("--workdir", str(run))):
+        command[command.index(flag) + 1] = value
+    command[0] = str(Path(sys.executable).parent / "hymt")
+    base = f"http://127.0.0.1:{port}"
+    live = base + web["livenessProbe"]["httpGet"]["path"]
+    ready = base + web["readinessProbe"]["httpGet"]["path"]
+    with describe_api() as (management, describe):
+        (run / "config.properties").write_text(text.replace("http://127.0.0.1:8081", management))
+        (run / "key_file.json").write_text(json.dumps({"management": {"key": describe.key}}))
+        with open(tmp_path / "web.log", "wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while get_status(live) != 200:
+                assert process.poll() is None, (tmp_path / "web.log").read_text()
+                assert time.monotonic() < deadline, (tmp_path / "web.log").read_text()
+                time.sleep(0.2)
+            assert get_status(ready) == 503  # the workers are loading
+            describe.status = "READY"
+            assert get_status(ready) == 200
+            (run / "draining").touch()  # what `hymt drain` writes first
+            assert get_status(ready) == 503
+            assert get_status(live) == 200
+        finally:
+            process.terminate()
+            process.wait(timeout=30)

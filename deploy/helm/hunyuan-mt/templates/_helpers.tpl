@@ -38,12 +38,51 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/*
+TorchServe's addresses, the chart's alone: loopback unless torchserve.exposeDirect (inference)
+or metrics.expose (metrics); management never leaves the pod. The Service, the NetworkPolicy
+and the container ports follow the same two values.
+*/}}
+{{- define "hunyuan-mt.addresses" -}}
+inference_address: http://{{ ternary "0.0.0.0" "127.0.0.1" .Values.torchserve.exposeDirect }}:8080
+management_address: http://127.0.0.1:8081
+metrics_address: http://{{ ternary "0.0.0.0" "127.0.0.1" .Values.metrics.expose }}:8082
+{{- end -}}
+
+{{/*
+Refuses values that contradict each other, and values of earlier versions of the chart that
+would otherwise be ignored without a word (Helm does not check keys).
+*/}}
+{{- define "hunyuan-mt.checkValues" -}}
+{{- range $key := keys (fromYaml (include "hunyuan-mt.addresses" $)) | sortAlpha -}}
+{{- if hasKey $.Values.torchserve.config $key -}}
+{{- fail (printf "torchserve.config.%s: the chart sets TorchServe's addresses (torchserve.exposeDirect, metrics.expose)" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- range $old, $now := dict "enabled" "the front end is always the pod's door" "threads" "the front end's own default applies" -}}
+{{- if hasKey $.Values.web $old -}}
+{{- fail (printf "web.%s was removed: %s (docs/kubernetes.md)" $old $now) -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey .Values.networkPolicy "extraMetricsFrom" -}}
+{{- fail "networkPolicy.extraMetricsFrom was renamed networkPolicy.metricsFrom: the only peers admitted to port 8082" -}}
+{{- end -}}
+{{- if and .Values.kserve.enabled .Values.torchserve.exposeDirect -}}
+{{- fail "torchserve.exposeDirect is for the Deployment: KServe's Service routes to the predictor's first container, the front end, which answers the whole v2 protocol" -}}
+{{- end -}}
+{{- if and .Values.autoscaling.enabled (not .Values.metrics.expose) -}}
+{{- fail "autoscaling.enabled needs metrics.expose: the HPA's metric comes from Prometheus scraping TorchServe's port 8082" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 config.properties as `hymt start` renders it (properties.render_config + write_properties):
 the file's key=value lines in order (a repeated key keeps its first place and its last value),
-overrides replacing values in place, new keys after them in key order, one header line.
-tests/unit/test_helm_chart.py compares this with hymt's own rendering.
+overrides (torchserve.config and the addresses) replacing values in place, new keys after them
+in key order, one header line. tests/unit/test_helm_chart.py compares this with hymt's own
+rendering.
 */}}
 {{- define "hunyuan-mt.configProperties" -}}
+{{- $overrides := merge (fromYaml (include "hunyuan-mt.addresses" .)) .Values.torchserve.config -}}
 {{- $keys := list -}}
 {{- $values := dict -}}
 {{- range $line := .Files.Lines "files/config.properties" -}}
@@ -55,8 +94,8 @@ tests/unit/test_helm_chart.py compares this with hymt's own rendering.
 {{- $_ := set $values $key (trim $pair._1) -}}
 {{- end -}}
 {{- end -}}
-{{- range $key := keys .Values.torchserve.config | sortAlpha -}}
-{{- $value := toString (index $.Values.torchserve.config $key) -}}
+{{- range $key := keys $overrides | sortAlpha -}}
+{{- $value := toString (index $overrides $key) -}}
 {{- if contains "{model_store}" $value -}}
 {{- fail (printf "torchserve.config.%s: write the model store's path instead of {model_store}" $key) -}}
 {{- end -}}
@@ -128,7 +167,8 @@ capabilities:
   drop: ["ALL"]
 {{- end -}}
 
-{{/* Volumes of the pod: model, config, and the writable folders of a read-only root. */}}
+{{/* Volumes of the pod: model, config, the client keys, and the writable folders of a
+read-only root. */}}
 {{- define "hunyuan-mt.volumes" -}}
 {{ include "hunyuan-mt.modelVolume" . }}
 - name: config
@@ -146,13 +186,18 @@ capabilities:
   emptyDir:
     medium: Memory
     sizeLimit: {{ .Values.shmSize }}
+- name: web-keys
+  secret:
+    secretName: {{ required "web.existingSecret is required: the Secret with web_keys.json, the front end's client keys" .Values.web.existingSecret }}
+    defaultMode: 0440
 {{- end -}}
 
-{{/* The TorchServe container (Deployment and KServe predictor alike); the context is the
-chart's with containerName and kserve (true: the inference port only) added. */}}
-{{- define "hunyuan-mt.container" -}}
+{{/* The TorchServe container (Deployment and KServe predictor alike). It declares only the
+ports bound beyond the pod's loopback (hunyuan-mt.addresses); its probes and preStop are
+commands run inside the container, so they reach TorchServe on loopback. */}}
+{{- define "hunyuan-mt.torchserveContainer" -}}
 {{- $workdir := include "hunyuan-mt.workdir" . -}}
-- name: {{ .containerName }}
+- name: torchserve
   image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   env:
@@ -175,18 +220,19 @@ chart's with containerName and kserve (true: the inference port only) added. */}
       value: /home/model-server/.cache
     - name: CUDA_CACHE_PATH
       value: /home/model-server/.cache/nv
+  {{- if or .Values.torchserve.exposeDirect .Values.metrics.expose }}
   ports:
+    {{- if .Values.torchserve.exposeDirect }}
     - name: http
       containerPort: 8080
       protocol: TCP
-    {{- if not .kserve }}
-    - name: management
-      containerPort: 8081
-      protocol: TCP
+    {{- end }}
+    {{- if .Values.metrics.expose }}
     - name: metrics
       containerPort: 8082
       protocol: TCP
     {{- end }}
+  {{- end }}
   resources:
     {{- $resources := deepCopy .Values.resources }}
     {{- $limits := default dict $resources.limits }}
@@ -267,15 +313,20 @@ affinity: {{- toYaml . | nindent 2 }}
 {{- end -}}
 
 
-{{/* The web front end (web.enabled): `hymt web` beside TorchServe, its client keys from the
-Secret mounted where it reads them (run/web_keys.json; usage is kept beside, in run/), the
-pod's TorchServe key read from the shared run/ folder. It drains with the pod. */}}
+{{/* The front end (`hymt web`), the pod's door; the context is the chart's with containerName
+added (web, or kserve-container as the KServe predictor's first container). It reads
+run/config.properties for TorchServe's addresses: the ConfigMap's copy is mounted there, the
+same text `hymt start` writes in the TorchServe container (a test checks), so the front end
+starts without waiting for it. TorchServe's keys, the drain marker and the usage file are in
+the shared run/; the client keys are the Secret's web_keys.json, where `hymt web` reads them by
+default. Probes: its own routes (/v2/health/live: the front end answers; /v2/health/ready:
+every TorchServe worker READY and no drain under way). It drains with the pod. */}}
 {{- define "hunyuan-mt.webContainer" -}}
 {{- $workdir := include "hunyuan-mt.workdir" . -}}
-- name: web
+- name: {{ .containerName }}
   image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
   imagePullPolicy: {{ .Values.image.pullPolicy }}
-  command: ["hymt", "web", "--host", "0.0.0.0", "--port", {{ .Values.web.port | quote }}, "--workdir", {{ $workdir | quote }}, "--threads", {{ .Values.web.threads | quote }}]
+  command: ["hymt", "web", "--host", "0.0.0.0", "--port", {{ .Values.web.port | quote }}, "--workdir", {{ $workdir | quote }}]
   ports:
     - name: web
       containerPort: {{ .Values.web.port }}
@@ -284,14 +335,17 @@ pod's TorchServe key read from the shared run/ folder. It drains with the pod. *
   securityContext: {{- include "hunyuan-mt.containerSecurity" . | nindent 4 }}
   readinessProbe:
     httpGet:
-      path: /
+      path: /v2/health/ready
       port: web
     periodSeconds: 10
+    timeoutSeconds: 5
+    failureThreshold: 3
   livenessProbe:
     httpGet:
-      path: /
+      path: /v2/health/live
       port: web
     periodSeconds: 30
+    timeoutSeconds: 5
     failureThreshold: 5
   lifecycle:
     preStop:
@@ -300,10 +354,22 @@ pod's TorchServe key read from the shared run/ folder. It drains with the pod. *
   volumeMounts:
     - name: run
       mountPath: {{ $workdir }}
+    - name: config
+      mountPath: {{ $workdir }}/config.properties
+      subPath: config.properties
+      readOnly: true
     - name: web-keys
       mountPath: {{ $workdir }}/web_keys.json
       subPath: web_keys.json
       readOnly: true
     - name: tmp
       mountPath: /tmp
+{{- end -}}
+
+
+{{/* The pod's containers: the front end first (KServe builds its Service from the first
+container's ports), then TorchServe. The context is the chart's with webName added. */}}
+{{- define "hunyuan-mt.containers" -}}
+{{ include "hunyuan-mt.webContainer" (merge (dict "containerName" .webName) .) }}
+{{ include "hunyuan-mt.torchserveContainer" . }}
 {{- end -}}
