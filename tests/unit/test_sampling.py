@@ -331,3 +331,68 @@ def test_greedy_tokens_are_argmax_ties_included(rows: int, vocab: int) -> None:
     assert torch.equal(greedy_tokens(logits), logits.argmax(-1))
     spread = torch.randn(rows, vocab, generator=generator)
     assert torch.equal(greedy_tokens(spread), spread.argmax(-1))
+
+
+def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    return SamplingParams(**{**params.__dict__, "seed": seed})
+
+
+def test_seeded_draws_follow_the_distribution_too() -> None:
+    """Rows with a seed draw their noise from a hash of seed, position and rank, not from
+    torch's generator: over many seeds the tokens still follow transformers' distribution."""
+    params = knobs(1.0, 0, 1.0)
+    rows = [GenerationRow((), 16, with_seed(params, seed)) for seed in range(DRAWS)]
+    assert_distribution(draw_rows(rows), reference(params, ()))
+    later = RowSampling.for_rows(rows, VOCAB, CPU)
+    index = torch.arange(DRAWS)
+    logits = LOGITS.expand(DRAWS, VOCAB).contiguous()
+    at_seven = sample_next(logits, later.select(index), index, torch.full((DRAWS,), 7))
+    assert_distribution(at_seven, reference(params, ()))
+
+
+def test_a_seed_decides_its_tokens_whatever_shares_the_batch() -> None:
+    """The same seed and position give the same token alone, beside other rows (sampled and
+    greedy, in another order) and after torch's generator moved on; another seed or another
+    position gives other tokens."""
+    card = knobs(1.0, 0, 1.0)
+    mine = GenerationRow(PROMPT, 16, with_seed(card, 1234))
+
+    def tokens_of(rows: list[GenerationRow], at: int, positions: list[int]) -> list[int]:
+        settings = RowSampling.for_rows(rows, VOCAB, CPU)
+        index = torch.arange(len(rows))
+        logits = LOGITS.expand(len(rows), VOCAB).contiguous()
+        tokens = sample_next(logits, settings.select(index), index, torch.tensor(positions))
+        return [int(tokens[at])]
+
+    steps = range(40)
+    alone = [tokens_of([mine], 0, [p])[0] for p in steps]
+    torch.manual_seed(99)
+    crowd = [
+        tokens_of([GenerationRow((), 16, card), GenerationRow((), 16), mine], 2, [5, 0, p])[0]
+        for p in steps
+    ]
+    assert crowd == alone
+    assert len(set(alone)) > 5  # each position draws anew
+    other = GenerationRow(PROMPT, 16, with_seed(card, 1235))
+    assert [tokens_of([other], 0, [p])[0] for p in steps] != alone
+
+
+def test_slot_sampling_keeps_seeds_per_slot() -> None:
+    """A reassigned slot takes its new row's seed; an unseeded row in a seeded batch still
+    draws from torch's generator."""
+    card = knobs(1.0, 0, 1.0)
+    slots = SlotSampling(3, VOCAB, CPU)
+    slots.assign([0, 1], [GenerationRow((), 8, with_seed(card, 7)), GenerationRow((), 8, card)])
+    index = torch.tensor([0, 1, 2])
+    logits = LOGITS.expand(3, VOCAB).contiguous()
+
+    def step(position: int) -> list[int]:
+        batch = slots.batch([0, 1], index)
+        return sample_next(logits, batch, index, torch.full((3,), position)).tolist()
+
+    first = [step(p) for p in range(30)]
+    assert all(tokens[2] == ARGMAX for tokens in first)  # never assigned: greedy
+    assert len({tokens[1] for tokens in first}) > 5
+    slots.assign([1], [GenerationRow((), 8, with_seed(card, 7))])
+    again = [step(p) for p in range(30)]
+    assert [t[1] for t in again] == [t[0] for t in again] == [t[0] for t in first]

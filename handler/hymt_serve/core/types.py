@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 FinishReason = Literal["stop", "length"]
 OnTokens = Callable[[list[int]], None]
@@ -35,6 +35,17 @@ class SamplingParams:
     top_p: float = 0.6
     top_k: int = 20
     repetition_penalty: float = 1.05
+    # A row with a seed draws from noise that only the seed and the token's position decide
+    # (the same tokens whatever else is in the batch); None: torch's default generator.
+    seed: int | None = None
+
+
+class ChatTurn(NamedTuple):
+    """One message of a conversation rendered through the model's chat template: its role
+    ("system", "user" or "assistant") and its text (always encoded as text)."""
+
+    role: str
+    content: str
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hymt_serve.core.errors import ConfigurationError
+from hymt_serve.core.errors import ConfigurationError, RowRejected
 from hymt_serve.core.settings import Settings
-from hymt_serve.core.types import FinishReason, GenerationResult
+from hymt_serve.core.types import ChatTurn, FinishReason, GenerationResult
 from hymt_serve.engine.checkpoints.tiktoken_folder import (
     has_tiktoken_only,
     load_tiktoken_folder,
@@ -71,6 +71,11 @@ class TokenCodec:
     def encode(self, user_turn: str) -> list[int]:
         """Token ids of ``user_turn`` rendered as one user turn by the chat template."""
         return encode_user_turn(self.tokenizer, user_turn)
+
+    def encode_chat(self, turns: Sequence[ChatTurn]) -> list[int]:
+        """Token ids of a conversation rendered by the chat template, ready for the model's
+        answer; every turn's text encoded as text."""
+        return encode_conversation(self.tokenizer, turns)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` without special tokens."""
@@ -129,6 +134,51 @@ def encode_user_turn(tokenizer: Any, user_turn: str) -> list[int]:
     before, after = turn_frame(tokenizer)
     text = tokenizer(user_turn, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     return [*before, *text, *after]
+
+
+def encode_conversation(tokenizer: Any, turns: Sequence[ChatTurn]) -> list[int]:
+    """Token ids of ``turns`` rendered by the chat template, ready for the model's answer.
+
+    The template is rendered with a private-use placeholder for each turn's text; only the
+    template's own frame between them is parsed for special tokens, and each turn's text is
+    encoded as plain text: a "<|startoftext|>" or "<|eos|>" typed in a message is those
+    characters. An empty turn is rendered empty (templates test for that). Raises RowRejected
+    when the template refuses the conversation or does not hold each text once, verbatim.
+    """
+    slots = [f"\ue000turn-{i}\ue000" if turn.content else "" for i, turn in enumerate(turns)]
+    messages = [{"role": t.role, "content": slot} for t, slot in zip(turns, slots, strict=True)]
+    try:
+        rendered = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+    except Exception as error:  # jinja's TemplateError, the template's raise_exception
+        raise RowRejected(
+            f"the model's chat template refused these messages: {error}",
+            allowed="the roles and order the model's chat template accepts",
+            field="messages",
+        ) from None
+    ids: list[int] = []
+    rest = str(rendered)
+    for turn, slot in zip(turns, slots, strict=True):
+        if not slot:
+            continue
+        before, found, rest = rest.partition(slot)
+        if not found or slot in rest:
+            raise RowRejected(
+                f"the model's chat template does not hold a {turn.role} message verbatim",
+                allowed="messages of the roles the model's chat template renders",
+                field="messages",
+            )
+        ids += _frame_ids(tokenizer, before)
+        ids += tokenizer(turn.content, add_special_tokens=False, split_special_tokens=True)[
+            "input_ids"
+        ]
+    return ids + _frame_ids(tokenizer, rest)
+
+
+def _frame_ids(tokenizer: Any, frame: str) -> list[int]:
+    """The template's own text, its special tokens parsed."""
+    return list(tokenizer(frame, add_special_tokens=False)["input_ids"]) if frame else []
 
 
 def _stop_ids(tokenizer: Any) -> set[int]:

@@ -24,6 +24,7 @@ from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import (
     TINY_MODEL_MARKER,
+    ChatTurn,
     FinishReason,
     GenerationResult,
     GenerationRow,
@@ -74,6 +75,9 @@ class Engine:
 
     def encode_prompt(self, user_turn: str) -> list[int]:
         return self.codec.encode(user_turn)
+
+    def encode_chat(self, turns: Sequence[ChatTurn]) -> list[int]:
+        return self.codec.encode_chat(turns)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.codec.decode(token_ids)

@@ -40,7 +40,7 @@ from hymt_serve.core.errors import (
     EngineUnavailable,
 )
 from hymt_serve.core.settings import Settings
-from hymt_serve.core.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.core.types import ChatTurn, GenerationResult, GenerationRow, OnTokens
 from hymt_serve.engine.codec import TokenCodec
 from hymt_serve.engine.process.connection import (
     Describe,
@@ -118,6 +118,9 @@ class EngineClient:
 
     def encode_prompt(self, user_turn: str) -> list[int]:
         return self.codec.encode(user_turn)
+
+    def encode_chat(self, turns: Sequence[ChatTurn]) -> list[int]:
+        return self.codec.encode_chat(turns)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.codec.decode(token_ids)

@@ -8,7 +8,9 @@ argmax of the raw logits; sampled rows apply the repetition penalty over prompt 
 tokens (divide positive logits, multiply negative ones), then temperature, top-k, top-p, and
 draw. The draw uses the exponential trick (argmax of p / E with E ~ Exp(1)), which samples from
 p without the host sync of ``torch.multinomial``'s checks; it uses torch's default generator, so
-``torch.manual_seed`` makes it reproducible.
+``torch.manual_seed`` makes it reproducible. A row with a ``seed`` draws its E from a hash of
+the seed, the token's position in its output and the candidate's rank instead: the same
+tokens for the same logits, whatever rows share its batch.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class RowSampling:
     presence: Tensor | None
     candidates: int
     all_greedy: bool
+    seed: Tensor  # int64, a seeded row's seed (0 for the others)
+    seeded: Tensor  # bool
+    any_seeded: bool
 
     @classmethod
     def for_rows(
@@ -45,7 +50,7 @@ class RowSampling:
         sampled = [p for p in params if p is not None]
         top_ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in sampled]
 
-        def column(values: list[float], dtype: torch.dtype) -> Tensor:
+        def column(values: Sequence[float], dtype: torch.dtype) -> Tensor:
             return to_device(values, dtype, device)
 
         penalty = [p.repetition_penalty if p else 1.0 for p in params]
@@ -62,6 +67,9 @@ class RowSampling:
             presence=_presence(rows, vocab, device) if any(x != 1.0 for x in penalty) else None,
             candidates=max(top_ks, default=1),
             all_greedy=not sampled,
+            seed=column([_seed_of(p) or 0 for p in params], torch.int64),
+            seeded=column([_seed_of(p) is not None for p in params], torch.bool),
+            any_seeded=any(p.seed is not None for p in sampled),
         )
 
     def select(self, rows: Tensor) -> RowSampling:
@@ -75,7 +83,14 @@ class RowSampling:
             presence=self.presence,
             candidates=self.candidates,
             all_greedy=self.all_greedy,
+            seed=self.seed[rows],
+            seeded=self.seeded[rows],
+            any_seeded=self.any_seeded,
         )
+
+
+def _seed_of(params: SamplingParams | None) -> int | None:
+    return params.seed if params is not None else None
 
 
 def _presence(rows: Sequence[GenerationRow], vocab: int, device: torch.device) -> Tensor:
@@ -106,10 +121,14 @@ def greedy_tokens(logits: Tensor) -> Tensor:
     return (best * width + within.gather(1, best)).squeeze(1)
 
 
-def sample_next(logits: Tensor, batch: RowSampling, rows: Tensor) -> Tensor:
+def sample_next(
+    logits: Tensor, batch: RowSampling, rows: Tensor, positions: Tensor | None = None
+) -> Tensor:
     """Next token per batch position: ``logits [B, V]`` fp32, ``rows [B]`` row indices -> ``[B]``.
 
-    ``batch`` must come from :meth:`RowSampling.select` with the same ``rows``.
+    ``batch`` must come from :meth:`RowSampling.select` with the same ``rows``; ``positions
+    [B]`` (int64) is how many tokens each row has generated so far (None: none, a prefill's
+    first token), which seeded rows' draws depend on.
     """
     greedy = greedy_tokens(logits)
     if batch.all_greedy:
@@ -127,10 +146,47 @@ def sample_next(logits: Tensor, batch: RowSampling, rows: Tensor) -> Tensor:
     probs = values.softmax(-1)
     before = probs.cumsum(-1) - probs
     probs = probs.masked_fill(before >= batch.top_p[:, None], 0.0)
-    noise = torch.empty_like(probs).exponential_().clamp_min_(1e-20)
+    noise = torch.empty_like(probs).exponential_()
+    if batch.any_seeded:
+        at = positions if positions is not None else torch.zeros_like(batch.seed)
+        noise = torch.where(batch.seeded[:, None], seeded_exponential(batch.seed, at, probs), noise)
+    noise = noise.clamp_min_(1e-20)
     choice = (probs / noise).argmax(-1, keepdim=True)
     sampled = indices.gather(1, choice).squeeze(1)
     return torch.where(batch.greedy, greedy, sampled)
+
+
+_LOW32 = 0xFFFFFFFF
+
+
+def _times(x: Tensor, constant: int) -> Tensor:
+    """``x * constant mod 2**32`` for int64 ``x`` holding 32-bit values, in two halves so that
+    no product overflows int64."""
+    low = x * (constant & 0xFFFF)
+    high = ((x * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & _LOW32
+
+
+def _mix(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (the "lowbias32" finaliser) of each value of ``x``."""
+    x = x ^ (x >> 16)
+    x = _times(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _times(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def seeded_exponential(seed: Tensor, position: Tensor, like: Tensor) -> Tensor:
+    """Exp(1) noise ``[B, C]`` shaped as ``like``, decided by each row's ``seed [B]`` (int64), its
+    ``position [B]`` and the candidate's rank alone: a counter-based generator, so a row's draws
+    never depend on the other rows of its batch or on torch's generator state."""
+    key = _mix((seed & _LOW32) ^ 0x9E3779B9)
+    key = _mix(key ^ ((seed >> 32) & _LOW32))
+    key = _mix(key ^ (position & _LOW32))
+    ranks = torch.arange(like.shape[-1], device=like.device, dtype=torch.int64)
+    bits = _mix(key[:, None] ^ _mix(ranks + 0x632BE5AB)[None, :])
+    uniform = (bits.to(torch.float64) + 0.5) / 2.0**32  # in (0, 1)
+    return (-uniform.log()).to(like.dtype)
 
 
 def record_tokens(batch: RowSampling, rows: Tensor, tokens: Tensor) -> None:
@@ -157,6 +213,8 @@ class SlotSampling:
         self.top_p = torch.ones(slots, dtype=torch.float32, device=device)
         self.penalty = torch.ones(slots, dtype=torch.float32, device=device)
         self.presence = torch.zeros(slots, vocab, dtype=torch.bool, device=device)
+        self.seed = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.seeded = torch.zeros(slots, dtype=torch.bool, device=device)
 
     def assign(self, slots: Sequence[int], rows: Sequence[GenerationRow]) -> None:
         """Give each slot the settings and prompt of its row."""
@@ -168,6 +226,8 @@ class SlotSampling:
         self.top_k[index] = settings.top_k[:count]
         self.top_p[index] = settings.top_p[:count]
         self.penalty[index] = settings.penalty[:count]
+        self.seed[index] = settings.seed[:count]
+        self.seeded[index] = settings.seeded[:count]
         self.presence.index_fill_(0, index, False)
         if settings.presence is not None:
             self.presence[index] = settings.presence[:count]
@@ -190,4 +250,7 @@ class SlotSampling:
                 (p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in sampled), default=1
             ),
             all_greedy=not sampled,
+            seed=self.seed[index],
+            seeded=self.seeded[index],
+            any_seeded=any(p.seed is not None for p in sampled),
         )

@@ -50,7 +50,7 @@ class SlotState:
         self.sampling.assign(slots, rows)
         index = to_device(list(slots), torch.int64, self.device)
         batch = self.sampling.batch(slots, index)
-        tokens = sample_next(logits, batch, index)
+        tokens = sample_next(logits, batch, index)  # positions 0: each row's first token
         record_tokens(batch, index, tokens)
         max_new = to_device([row.max_new_tokens for row in rows], torch.int64, self.device)
         self.out[index, 0] = tokens
@@ -75,7 +75,8 @@ class SlotState:
         them and mark rows that stopped or reached their length; returns the tokens."""
         assert self._batch is not None
         index = self._index
-        tokens = sample_next(logits, self._batch, index)
+        positions = self.generated[index] if self._batch.any_seeded else None
+        tokens = sample_next(logits, self._batch, index, positions)
         record_tokens(self._batch, index, tokens)
         self._store(tokens, index)
         return tokens
