@@ -71,6 +71,30 @@ SEVEN_B_SHAPE: dict[str, Any] = {
     "pad_token_id": 127961,
     "tie_word_embeddings": True,
 }
+# Hy-MT2-30B-A3B's shape (``hy_v3``: 30.06 B parameters, 3.3 B of them active per token, 60 GB
+# in bf16): its first layer dense, the others 128 experts of width 768 (8 chosen per token) and
+# one shared expert. For benchmarks with random weights, as SEVEN_B_SHAPE.
+HY_MT2_30B_SHAPE: dict[str, Any] = {
+    "num_hidden_layers": 48,
+    "hidden_size": 2048,
+    "intermediate_size": 6912,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "vocab_size": 120832,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-5,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_shared_experts": 1,
+    "moe_intermediate_size": 768,
+    "router_scaling_factor": 2.826,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 11158840.0},
+    "bos_token_id": 120000,
+    "eos_token_id": 120025,
+    "pad_token_id": 120002,
+    "tie_word_embeddings": False,
+}
 _SAMPLE_TEXT = (
     "Hello, world. How are you today? The weather is nice. Machine translation is useful.",
     "你好，世界。今天天气很好。机器翻译很有用。我们一起去吃饭吧。",
@@ -160,6 +184,21 @@ def random_7b_model(device: str = "cuda", seed: int = 0) -> Any:
 
     _quiet_alpha_warning()
     config = AutoConfig.for_model(model_type="hunyuan_v1_dense", **SEVEN_B_SHAPE)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+
+
+def random_30b_a3b_model(device: str = "cuda", seed: int = 0, layers: int | None = None) -> Any:
+    """Hy-MT2-30B-A3B's shape (``hy_v3``) with random bf16 weights, built on ``device``;
+    ``layers``: fewer layers than the real 48 (probes of one layer's cost)."""
+    import torch  # seconds: see build_fallback_tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = dict(
+        HY_MT2_30B_SHAPE, num_hidden_layers=layers or HY_MT2_30B_SHAPE["num_hidden_layers"]
+    )
+    config = AutoConfig.for_model(model_type="hy_v3", **shape)
     torch.manual_seed(seed)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()

@@ -81,11 +81,14 @@ def build_fast_runner(
         raise UnsupportedModelError("CUDA graphs need a bf16/fp16 model on CUDA with Triton")
     config: Any = model.config
     with torch.inference_mode():
+        weights = architecture.extract_weights(
+            model, quantize=quantize, scales=fp8_scales, int4=int4, quantize_head=quantize_head
+        )
+        if param.device.type == "cuda":  # the copies that fusing replaced go back to the device
+            torch.cuda.empty_cache()
         runner = FastRunner(
             architecture,
-            architecture.extract_weights(
-                model, quantize=quantize, scales=fp8_scales, int4=int4, quantize_head=quantize_head
-            ),
+            weights,
             shape,
             max_batch_size=rows,
             max_seq_len=max_seq_len,
