@@ -12,9 +12,13 @@ from hymt_serve.ops.tiny_model import build_tiny_model, default_tokenizer_dir
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     tokenizer = None if args.fallback_tokenizer else (args.tokenizer or default_tokenizer_dir())
-    out = build_tiny_model(args.out, tokenizer, tokenizer_format=args.tokenizer_format)
+    if args.family != "hunyuan":
+        tokenizer = None  # (the real tokenizer at hand is the dense family's)
+    out = build_tiny_model(
+        args.out, tokenizer, tokenizer_format=args.tokenizer_format, family=args.family
+    )
     print(
-        f"tiny random-weight model written to {out} "
+        f"tiny random-weight {args.family} model written to {out} "
         f"(tokenizer: {tokenizer or 'fallback built by this project'})"
     )
     return 0

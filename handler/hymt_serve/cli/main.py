@@ -21,6 +21,7 @@ from hymt_serve.cli.server import (
     cmd_token,
     cmd_web,
 )
+from hymt_serve.ops.tiny_model import FAMILIES
 
 DESCRIPTION = """\
 Serve Hunyuan-MT translation models with TorchServe: build a model archive, start, scale and
@@ -56,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("json", "tiktoken"),
         default="json",
         help="tokenizer.json, or hy.tiktoken with a remote-code config (older repositories)",
+    )
+    tiny.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default="hunyuan",
+        help="hunyuan: the dense 7B family's form (hunyuan_v1_dense); hy-mt2-moe: "
+        "Hy-MT2-30B-A3B's (hy_v3, mixture of experts, its own tokens and template)",
     )
     tiny.set_defaults(func=cmd_tiny_model)
 

@@ -7,8 +7,9 @@ skipped when decoding; a row cut by its length never ends in half a character.
 
 from __future__ import annotations
 
+import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,16 +58,16 @@ def read_tokenizer(folder: Path) -> Any:
 class TokenCodec:
     """Text to prompt ids and generated ids to text, for one tokenizer."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, stop_ids: Collection[int] = ()) -> None:
         self.tokenizer = tokenizer
-        self.stop_ids = frozenset(_stop_ids(tokenizer))
+        self.stop_ids = frozenset(_stop_ids(tokenizer) | set(stop_ids))
         self.pad_id = int(
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids)
         )
 
     @classmethod
     def load(cls, settings: Settings) -> TokenCodec:
-        return cls(load_tokenizer(settings))
+        return cls(load_tokenizer(settings), folder_stop_ids(settings.model_path))
 
     def encode(self, user_turn: str) -> list[int]:
         """Token ids of ``user_turn`` rendered as one user turn by the chat template."""
@@ -132,8 +133,7 @@ def encode_user_turn(tokenizer: Any, user_turn: str) -> list[int]:
     characters, never the control token, so user text cannot end its turn or write the model's.
     """
     before, after = turn_frame(tokenizer)
-    text = tokenizer(user_turn, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    return [*before, *text, *after]
+    return [*before, *text_ids(tokenizer, user_turn), *after]
 
 
 def encode_conversation(tokenizer: Any, turns: Sequence[ChatTurn]) -> list[int]:
@@ -170,15 +170,61 @@ def encode_conversation(tokenizer: Any, turns: Sequence[ChatTurn]) -> list[int]:
                 field="messages",
             )
         ids += _frame_ids(tokenizer, before)
-        ids += tokenizer(turn.content, add_special_tokens=False, split_special_tokens=True)[
-            "input_ids"
-        ]
+        ids += text_ids(tokenizer, turn.content)
     return ids + _frame_ids(tokenizer, rest)
+
+
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` as plain text: no added token, special or not, is matched in it.
+
+    ``split_special_tokens`` keeps special tokens out; some tokenizers also add control tokens
+    that are not marked special (Hy-MT2-30B-A3B's ``<think>``, ``</think>`` and reasoning-mode
+    token). A text that holds one of those is encoded by the tokenizer's own normalizer,
+    pre-tokenizer and model alone, which know no added tokens."""
+    ids = list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    if not any(content in text for content in _unmarked_controls(tokenizer)):
+        return ids
+    backend = tokenizer.backend_tokenizer
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    pieces = (
+        backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer else [(text, None)]
+    )
+    return [token.id for piece, _ in pieces for token in backend.model.tokenize(piece)]
+
+
+_UNMARKED: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def _unmarked_controls(tokenizer: Any) -> tuple[str, ...]:
+    """The added tokens not marked special (computed once per tokenizer)."""
+    found = _UNMARKED.get(tokenizer)
+    if found is None:
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        found = _UNMARKED[tokenizer] = tuple(t.content for t in added.values() if not t.special)
+    return found
 
 
 def _frame_ids(tokenizer: Any, frame: str) -> list[int]:
     """The template's own text, its special tokens parsed."""
     return list(tokenizer(frame, add_special_tokens=False)["input_ids"]) if frame else []
+
+
+def folder_stop_ids(folder: Path) -> set[int]:
+    """The end ids a model folder's ``config.json`` and ``generation_config.json`` name
+    (``eos_token_id``, one or a list, and ``eod_token_id``): Hy-MT2-30B-A3B ends on 120025
+    and 120026, and its tokenizer's texts for them differ between its releases."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        try:
+            config = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        for key in ("eos_token_id", "eod_token_id"):
+            value = config.get(key) if isinstance(config, dict) else None
+            values = value if isinstance(value, list) else [value]
+            ids |= {v for v in values if isinstance(v, int) and not isinstance(v, bool)}
+    return ids
 
 
 def _stop_ids(tokenizer: Any) -> set[int]:

@@ -37,6 +37,57 @@ CHAT_TEMPLATE = (
     "{% elif m['role'] == 'assistant' %}{{ m['content'] }}<|eos|>{% endif %}"
     "{% endfor %}"
 )
+# Hy-MT2-30B-A3B's tokens (its tokenizer's characters: full-width bars U+FF5C, U+2581 as the
+# word separator). Its end of sequence (120025) is written two ways in its releases; ours is the
+# newer one, and the engine stops on the ids config.json names whatever their text.
+MOE_SPECIAL_TOKENS = (
+    "<\uff5chy_begin\u2581of\u2581sentence\uff5c>",
+    "<\uff5chy_end\u2581of\u2581sentence\uff5c>",
+    "<\uff5chy_\u2581pad\u2581\uff5c>",
+    "<\uff5chy_User\uff5c>",
+    "<\uff5chy_Assistant\uff5c>",
+    "<\uff5chy_EOT\uff5c>",
+    "<\uff5chy_eos\uff5c>",
+    "<\uff5chy_place\u2581holder\u2581no\u25818\uff5c>",
+)
+# Added tokens the real tokenizer does not mark special: the engine still never reads them in
+# user text (codec.text_ids).
+MOE_UNMARKED_TOKENS = ("<think>", "</think>", "<\uff5creasoning_mode\uff5c>")
+MOE_BOS, MOE_PAD, MOE_EOS, MOE_EOD = (MOE_SPECIAL_TOKENS[i] for i in (0, 2, 6, 7))
+# Its chat template as it renders: the system prompt (if any) after BOS, then the reasoning
+# mode (no thinking for translation), then the turns; an answer opens with an empty think block.
+MOE_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}{% endif %}"
+    "{% endfor %}"
+    "<\uff5creasoning_mode\uff5c>reasoning_effort:{{ reasoning_effort | default('no_think') }}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}<\uff5chy_User\uff5c>{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}<\uff5chy_Assistant\uff5c><think></think>"
+    "{{ m['content'] }}{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<\uff5chy_Assistant\uff5c><think></think>{% endif %}"
+)
+# Its recommended sampling (the Hy-MT2 card, 30B-A3B): no top-k, no repetition penalty.
+MOE_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
+TINY_MOE_SHAPE: dict[str, Any] = {
+    "num_hidden_layers": 3,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_shared_experts": 1,
+    "moe_intermediate_size": 32,
+    "router_scaling_factor": 2.826,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 11158840.0},
+    "tie_word_embeddings": False,
+}
+FAMILIES = ("hunyuan", "hy-mt2-moe")
 TINY_SHAPE: dict[str, Any] = {
     "num_hidden_layers": 2,
     "hidden_size": 64,
@@ -124,28 +175,39 @@ def default_tokenizer_dir() -> Path | None:
     return None
 
 
-def build_fallback_tokenizer() -> Any:
-    """A small byte-level BPE tokenizer with Hunyuan's special tokens and chat template."""
+def build_fallback_tokenizer(family: str = "hunyuan") -> Any:
+    """A small byte-level BPE tokenizer with the family's special tokens and chat template:
+    Hunyuan's 7B family, or Hy-MT2-30B-A3B's (``hy-mt2-moe``)."""
     # torch, transformers and the engine take seconds: hymt imports this module for every command
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    moe = family == "hy-mt2-moe"
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=3000,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(MOE_SPECIAL_TOKENS if moe else SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_training_corpus(), trainer=trainer)
+    if not moe:
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer,
+            bos_token="<|startoftext|>",
+            eos_token="<|eos|>",
+            pad_token="<|pad|>",
+            chat_template=CHAT_TEMPLATE,
+        )
+    tokenizer.add_tokens([AddedToken(t, special=False) for t in MOE_UNMARKED_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        bos_token="<|startoftext|>",
-        eos_token="<|eos|>",
-        pad_token="<|pad|>",
-        chat_template=CHAT_TEMPLATE,
+        bos_token=MOE_BOS,
+        eos_token=MOE_EOS,
+        pad_token=MOE_PAD,
+        chat_template=MOE_CHAT_TEMPLATE,
     )
 
 
@@ -209,11 +271,15 @@ def _mute_unprintable_tokens(model: Any, tokenizer: Any, keep: set[int]) -> None
     character, so that the random model's demo output is visible text, not nothing or U+FFFD."""
     import torch  # seconds: see build_fallback_tokenizer
 
-    special = set(tokenizer.all_special_ids) | {
-        i
-        for i, token in enumerate(tokenizer.convert_ids_to_tokens(range(len(tokenizer))))
-        if token.startswith("<|") and token.endswith("|>")
-    }
+    special = (
+        set(tokenizer.all_special_ids)
+        | set(tokenizer.added_tokens_decoder)
+        | {
+            i
+            for i, token in enumerate(tokenizer.convert_ids_to_tokens(range(len(tokenizer))))
+            if token.startswith("<|") and token.endswith("|>")
+        }
+    )
     broken = {i for i in range(len(tokenizer)) if "\ufffd" in tokenizer.decode([i])}
     rows = sorted((special | broken) - keep)
     with torch.no_grad():
@@ -221,13 +287,18 @@ def _mute_unprintable_tokens(model: Any, tokenizer: Any, keep: set[int]) -> None
 
 
 def build_tiny_model(
-    out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0, tokenizer_format: str = "json"
+    out_dir: Path,
+    tokenizer_dir: Path | None = None,
+    seed: int = 0,
+    tokenizer_format: str = "json",
+    family: str = "hunyuan",
 ) -> Path:
     """Write a tiny random-weight model folder (config, safetensors, tokenizer) to ``out_dir``.
 
     ``tokenizer_format`` "tiktoken" writes the tokenizer the way older repositories of the
     family ship it: ``hy.tiktoken`` and a remote-code ``tokenizer_config.json``, no
-    ``tokenizer.json`` (special tokens then follow the BPE ranks, as there).
+    ``tokenizer.json`` (special tokens then follow the BPE ranks, as there). ``family``
+    "hy-mt2-moe" writes Hy-MT2-30B-A3B's form instead (:func:`build_tiny_moe_model`).
     """
     import torch  # seconds: see build_fallback_tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -235,6 +306,10 @@ def build_tiny_model(
     from hymt_serve.engine.checkpoints.tiktoken_folder import load_tiktoken_folder  # seconds
     from hymt_serve.engine.codec import read_tokenizer
 
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    if family == "hy-mt2-moe":
+        return build_tiny_moe_model(out_dir, seed)
     tokenizer = read_tokenizer(tokenizer_dir) if tokenizer_dir else build_fallback_tokenizer()
     if tokenizer_format == "tiktoken":
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -263,6 +338,43 @@ def build_tiny_model(
     about = {
         "random_weights": True,
         "tokenizer": str(tokenizer_dir) if tokenizer_dir else "fallback",
+        "note": "random weights: its translations are meaningless; serve a real model folder",
+    }
+    (out_dir / TINY_MODEL_MARKER).write_text(json.dumps(about, indent=2) + "\n")
+    return out_dir
+
+
+def build_tiny_moe_model(out_dir: Path, seed: int = 0) -> Path:
+    """Write a tiny random ``hy_v3`` folder (Hy-MT2-30B-A3B's form: a dense first layer, then
+    mixtures of 8 experts and a shared one) with a tokenizer of that family's tokens and chat
+    template, and its recommended sampling in ``generation_config.json``."""
+    import torch  # seconds: see build_fallback_tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    tokenizer = build_fallback_tokenizer("hy-mt2-moe")
+    ids = {name: int(tokenizer.convert_tokens_to_ids(name)) for name in MOE_SPECIAL_TOKENS}
+    ends = [ids[MOE_EOS], ids[MOE_EOD]]
+    config = AutoConfig.for_model(
+        model_type="hy_v3",
+        vocab_size=len(tokenizer),
+        bos_token_id=ids[MOE_BOS],
+        eos_token_id=ids[MOE_EOS],
+        pad_token_id=ids[MOE_PAD],
+        eod_token_id=ids[MOE_EOD],
+        **TINY_MOE_SHAPE,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    _mute_unprintable_tokens(model, tokenizer, keep=set(ends))
+    model.generation_config = GenerationConfig(
+        do_sample=True, eos_token_id=ends, pad_token_id=ids[MOE_PAD], **MOE_SAMPLING
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    about = {
+        "random_weights": True,
+        "tokenizer": "fallback (Hy-MT2-30B-A3B's tokens and template)",
         "note": "random weights: its translations are meaningless; serve a real model folder",
     }
     (out_dir / TINY_MODEL_MARKER).write_text(json.dumps(about, indent=2) + "\n")

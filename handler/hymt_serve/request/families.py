@@ -200,13 +200,14 @@ _MARKS = (
     ("hy-mt1_5", HY_MT15),
     ("hunyuan-mt", HUNYUAN_MT_7B),
 )
+MOE_MODEL_TYPE = "hy_v3"
 MARKER_FILE = "hymt_family.txt"  # a model folder's explicit family: one line, a profile name
 
 
 def detect_profile(model_path: Path, prompt_family: str = "auto") -> Profile:
     """The profile the ``prompt_family`` setting names; for ``auto`` the one the model folder's
-    marker file names, else the one its path or its config's ``_name_or_path`` names
-    (Hunyuan-MT-7B when none does).
+    marker file names, else the one its path or its config's ``_name_or_path`` names, else
+    Hy-MT2 for a ``hy_v3`` model (Hy-MT2-30B-A3B) and Hunyuan-MT-7B for any other.
 
     Raises ConfigurationError for an unknown family name.
     """
@@ -220,9 +221,15 @@ def detect_profile(model_path: Path, prompt_family: str = "auto") -> Profile:
             )
         return PROFILES[prompt_family]
     names = str(model_path).lower()
+    model_type = None
     try:
         config = json.loads((model_path / "config.json").read_text())
         names += " " + str(config.get("_name_or_path", "")).lower()
-    except (OSError, ValueError):
+        model_type = config.get("model_type")
+    except (OSError, ValueError, AttributeError):
         pass
-    return next((profile for mark, profile in _MARKS if mark in names), HUNYUAN_MT_7B)
+    named = next((profile for mark, profile in _MARKS if mark in names), None)
+    if named is not None:
+        return named
+    # Hy-MT2-30B-A3B is the family's only hy_v3 model; it takes the Hy-MT2 card's templates.
+    return HY_MT2 if model_type == MOE_MODEL_TYPE else HUNYUAN_MT_7B
