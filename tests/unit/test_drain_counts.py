@@ -23,6 +23,10 @@ LOG = b"""\
 2026-12-01T05:50:01,300 - /127.0.0.1:48441 "OPTIONS /predictions/hunyuan-mt HTTP/1.1" 200 3
 2026-12-01T05:50:01,400 - /127.0.0.1:48442 "POST /models/hunyuan-mt/invoke HTTP/1.1" 200 9
 2026-12-01T05:50:01,500 - /127.0.0.1:48443 "POST /hunyuan-mt/predict HTTP/1.1" 200 9
+2026-12-01T05:50:01,600 - /127.0.0.1:48444 "POST /v2/models/hunyuan-mt/infer HTTP/1.1" 200 9
+2026-12-01T05:50:01,700 - /127.0.0.1:48445 "POST /v2/models/hunyuan-mt/versions/1.0/infer HTTP/1.1" 400 9
+2026-12-01T05:50:01,800 - /127.0.0.1:48446 "POST /v1/models/hunyuan-mt:predict HTTP/1.1" 200 9
+2026-12-01T05:50:01,900 - /127.0.0.1:48447 "GET /v2/models/hunyuan-mt/ready HTTP/1.1" 200 9
 """
 
 METRICS = """\
@@ -34,7 +38,7 @@ Requests2XX{Level="Host",Hostname="vm",} 29.0
 
 
 def test_answers_are_prediction_lines_of_any_status_but_not_options() -> None:
-    assert count_answers(LOG) == 5
+    assert count_answers(LOG) == 8
 
 
 def test_accepted_predictions_are_summed_over_the_models_asked_for() -> None:
@@ -54,14 +58,14 @@ def test_the_log_is_read_incrementally_with_rolled_files_and_partial_lines(tmp_p
     assert log.answered() == 0
     live = tmp_path / "access_log.log"
     live.write_bytes(LOG + b'2026-12-01T05:50:02,000 - /127.0.0.1:1 "POST /predictions/hunyuan-mt')
-    assert log.answered() == 5  # the unfinished line is not counted yet
+    assert log.answered() == 8  # the unfinished line is not counted yet
     with open(live, "ab") as file:
         file.write(b' HTTP/1.1" 200 7\n')
-    assert log.answered() == 6
+    assert log.answered() == 9
     # Rolled over: the old lines move to a .gz, the live file starts again.
     (tmp_path / "access_log.01-Dec.log.gz").write_bytes(gzip.compress(live.read_bytes()))
     live.write_bytes(LOG[:200])
-    assert log.answered() == 6 + count_answers(LOG[:200])
+    assert log.answered() == 9 + count_answers(LOG[:200])
 
 
 def test_readiness_fails_at_once_while_draining_and_liveness_needs_a_server(
