@@ -24,7 +24,7 @@ LOG = b"""\
 2026-12-01T05:50:01,400 - /127.0.0.1:48442 "POST /models/hunyuan-mt/invoke HTTP/1.1" 200 9
 2026-12-01T05:50:01,500 - /127.0.0.1:48443 "POST /hunyuan-mt/predict HTTP/1.1" 200 9
 2026-12-01T05:50:01,600 - /127.0.0.1:48444 "POST /v2/models/hunyuan-mt/infer HTTP/1.1" 200 9
-2026-12-01T05:50:01,700 - /127.0.0.1:48445 "POST /v2/models/hunyuan-mt/versions/1.0/infer HTTP/1.1" 400 9
+2026-12-01T05:50:01,700 - /127.0.0.1:4 "POST /v2/models/hunyuan-mt/versions/1/infer HTTP/1.1" 400 9
 2026-12-01T05:50:01,800 - /127.0.0.1:48446 "POST /v1/models/hunyuan-mt:predict HTTP/1.1" 200 9
 2026-12-01T05:50:01,900 - /127.0.0.1:48447 "GET /v2/models/hunyuan-mt/ready HTTP/1.1" 200 9
 """

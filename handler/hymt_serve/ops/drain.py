@@ -38,8 +38,9 @@ from hymt_serve.ops.launcher import Server
 UNANSWERED_S = 30.0
 ACCEPTED = re.compile(r'^ts_inference_requests_total\{[^}]*model_name="([^"]+)"[^}]*\}\s+(\S+)$')
 # The request line of an access-log entry that TorchServe's predict() served: /predictions/M,
-# /models/M/invoke, /M/predict (legacy), /invocations, and the KServe protocols' /v1/models/M:predict
-# and /v2/models/M[/versions/V]/infer (which it counts as accepted too); any method but OPTIONS.
+# /models/M/invoke, /M/predict (legacy), /invocations, and the KServe protocols'
+# /v1/models/M:predict and /v2/models/M[/versions/V]/infer (counted as accepted too); any
+# method but OPTIONS.
 ANSWERED = re.compile(
     rb'"(?!OPTIONS )[A-Z]+ (?:/predictions/[^ ]+|/models/[^/ ]+/invoke[^ ]*|/invocations[^ ]*'
     rb"|/v1/models/[^/ ]+:predict[^ ]*|/v2/models/[^ ]+/infer[^ ]*"
