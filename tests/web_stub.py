@@ -1,17 +1,26 @@
 """A stub TorchServe for the web front end's tests (a local WSGI server): it records what the
 app forwarded and answers what each test tells it to, including the shapes TorchServe itself
 produces (``{code, type, message}`` errors, an empty 413). ``tests/unit/conftest.py`` serves it
-as the ``upstream`` fixture."""
+as the ``upstream`` fixture. :func:`opened` drives the front end's app in process
+(Starlette's test client, one event loop for all its requests, the lifespan run);
+:func:`serving` serves it on a free port with uvicorn, as ``hymt web`` does."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
@@ -95,3 +104,38 @@ def client_keys(
     entries = [{"name": n, "key": f"{n}-key-0123456789ab", "character_limit": limit} for n in names]
     path.write_text(json.dumps({"keys": entries}))
     return ClientKeys.open(path)
+
+
+@contextlib.contextmanager
+def opened(app: Starlette) -> Iterator[TestClient]:
+    """A client of ``app`` in this process; its requests (from any thread) share one event
+    loop, as they do under uvicorn."""
+    with TestClient(app) as client:
+        yield client
+
+
+def mimetype(answer: httpx.Response) -> str:
+    return answer.headers.get("Content-Type", "").split(";", 1)[0]
+
+
+@contextlib.contextmanager
+def serving(app: Starlette) -> Iterator[str]:
+    """``app`` served by uvicorn on a free loopback port (a thread of this process), its URL
+    ending in ``/``, until the block ends."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        server.should_exit = True
+        thread.join(30)

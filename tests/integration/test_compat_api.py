@@ -4,7 +4,6 @@ client libraries (libretranslatepy, deepl) against the real stack (TorchServe + 
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,9 +12,8 @@ from typing import Any
 import deepl
 import pytest
 import requests
-from conftest import free_ports
 from libretranslatepy import LibreTranslateAPI
-from werkzeug.serving import make_server
+from web_stub import serving
 
 from hymt_serve.ops.launcher import Server
 from hymt_serve.web.app import create_app
@@ -30,11 +28,8 @@ def front(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """The front end with a fresh key file: (its URL, its key)."""
     key_file = tmp_path_factory.mktemp("keys") / "web_keys.json"
     keys = ClientKeys.open(key_file, character_limit=LIMIT)
-    [port] = free_ports(1)
-    web = make_server("127.0.0.1", port, create_app(server, client_keys=keys), threaded=True)
-    threading.Thread(target=web.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{port}/", keys.keys[0].key
-    web.shutdown()
+    with serving(create_app(server, client_keys=keys)) as url:
+        yield url, keys.keys[0].key
 
 
 def test_the_key_file_is_private_and_not_torchserves(server: Server, tmp_path: Path) -> None:

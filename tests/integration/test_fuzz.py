@@ -19,6 +19,7 @@ from conftest import MODEL
 from grpc_clients import GrpcClient, compile_protos
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from web_stub import opened
 
 from hymt_serve.cli.main import main as hymt
 from hymt_serve.ops.launcher import Server, model_workers
@@ -149,9 +150,10 @@ def test_grpc_fuzz(grpc_client: GrpcClient, unchanged: None, raw: bytes) -> None
 @fuzz
 @given(raw=bodies)
 def test_web_api_fuzz(server: Server, unchanged: None, raw: bytes) -> None:
-    client = create_app(server).test_client()
-    response = client.post("/api/translate", data=raw, content_type="application/json")
-    text = response.get_data(as_text=True)
+    with opened(create_app(server)) as client:
+        headers = {"Content-Type": "application/json"}
+        response = client.post("/api/translate", content=raw, headers=headers)
+    text = response.text
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]
     _client_error_or_ok(response.status_code, lines[-1] if lines else None)
 

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from conftest import MODEL, REPO, free_ports
-from werkzeug.serving import make_server
+from conftest import MODEL, REPO
+from web_stub import serving
 
 from hymt_serve.ops.launcher import Server
 from hymt_serve.web.app import create_app
@@ -47,11 +46,8 @@ def kserve(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def web(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """The web front end with a fresh client key: (its URL, the key)."""
     keys = ClientKeys.open(tmp_path_factory.mktemp("kserve-keys") / "web_keys.json")
-    [port] = free_ports(1)
-    app = make_server("127.0.0.1", port, create_app(server, client_keys=keys), threaded=True)
-    threading.Thread(target=app.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{port}", keys.keys[0].key
-    app.shutdown()
+    with serving(create_app(server, client_keys=keys)) as url:
+        yield url.rstrip("/"), keys.keys[0].key
 
 
 def infer(base: str, key: str, **more: Any) -> dict[str, Any]:

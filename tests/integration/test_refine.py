@@ -5,16 +5,15 @@ between them, scaling one without the other, and the page's refinement option in
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from conftest import MODEL, free_ports, running_server
+from conftest import MODEL, running_server
 from test_web_page import CHROMIUM, CHROMIUM_FLAGS
-from werkzeug.serving import make_server
+from web_stub import opened, serving
 
 from hymt_serve.ops.launcher import Server, model_workers
 from hymt_serve.web.app import create_app
@@ -37,8 +36,9 @@ def two_models(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="module")
-def client(two_models: Server) -> Any:
-    return create_app(two_models, MODEL, refine_model=CHIMERA).test_client()
+def client(two_models: Server) -> Iterator[Any]:
+    with opened(create_app(two_models, MODEL, refine_model=CHIMERA)) as client:
+        yield client
 
 
 def predict(server: Server, model: str, body: dict[str, Any]) -> requests.Response:
@@ -52,8 +52,8 @@ def predict(server: Server, model: str, body: dict[str, Any]) -> requests.Respon
 
 def test_refine_generates_candidates_and_chimera_answers(client: Any) -> None:
     response = client.post("/api/refine", json=BODY)
-    assert response.status_code == 200, response.get_json()
-    answer = response.get_json()
+    assert response.status_code == 200, response.json()
+    answer = response.json()
     [item] = answer["translations"]
     assert 1 <= len(item["candidates"]) <= 6
     assert len({" ".join(c.split()) for c in item["candidates"]}) == len(item["candidates"])
@@ -68,7 +68,7 @@ def test_the_chimera_model_takes_candidates_directly(two_models: Server, client:
     direct = predict(two_models, CHIMERA, own)
     assert direct.status_code == 200
     assert direct.json()["translations"][0]["candidates"] == own["candidates"]
-    via_page = client.post("/api/refine", json=own).get_json()
+    via_page = client.post("/api/refine", json=own).json()
     assert via_page["translations"][0]["refined"] is True
     missing = predict(two_models, CHIMERA, BODY)
     assert missing.status_code == 400 and missing.json()["field"] == "candidates"
@@ -78,9 +78,9 @@ def test_the_chimera_model_takes_candidates_directly(two_models: Server, client:
 
 def test_refine_errors_reach_the_client(client: Any) -> None:
     no_source = client.post("/api/refine", json={"text": "x", "target_lang": "en"})
-    assert no_source.status_code == 400 and no_source.get_json()["field"] == "source_lang"
+    assert no_source.status_code == 400 and no_source.json()["field"] == "source_lang"
     bad = client.post("/api/refine", json={**BODY, "target_lang": "xx"})
-    assert bad.status_code == 400 and bad.get_json()["error_type"] == "unsupported_language"
+    assert bad.status_code == 400 and bad.json()["error_type"] == "unsupported_language"
 
 
 def test_each_model_scales_on_its_own(two_models: Server) -> None:
@@ -106,28 +106,22 @@ def test_the_page_shows_the_candidates(two_models: Server) -> None:
     if not Path(CHROMIUM).exists():
         pytest.skip("Chromium is not installed (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api")
-    [port] = free_ports(1)
     app = create_app(two_models, MODEL, refine_model=CHIMERA)
-    web = make_server("127.0.0.1", port, app, threaded=True)
-    threading.Thread(target=web.serve_forever, daemon=True).start()
-    try:
-        with sync_api.sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-            page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.wait_for_function("window.hymt && window.hymt.ready === true")
-            assert page.is_visible("#refine-field")
-            page.fill("#input", BODY["text"])
-            page.check("#refine")
-            with page.expect_request("**/api/refine") as sent:
-                page.click("#translate")
-            assert json.loads(sent.value.post_data)["text"] == BODY["text"]
-            page.wait_for_function(
-                "/refined by Chimera|candidates agreed/.test("
-                "document.getElementById('stats').textContent)"
-            )
-            assert page.locator("#candidates li").count() >= 1
-            assert page.inner_text("#output").strip() and page.is_hidden("#error")
-            browser.close()
-    finally:
-        web.shutdown()
+    with serving(app) as url, sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page()
+        page.goto(url)
+        page.wait_for_function("window.hymt && window.hymt.ready === true")
+        assert page.is_visible("#refine-field")
+        page.fill("#input", BODY["text"])
+        page.check("#refine")
+        with page.expect_request("**/api/refine") as sent:
+            page.click("#translate")
+        assert json.loads(sent.value.post_data)["text"] == BODY["text"]
+        page.wait_for_function(
+            "/refined by Chimera|candidates agreed/.test("
+            "document.getElementById('stats').textContent)"
+        )
+        assert page.locator("#candidates li").count() >= 1
+        assert page.inner_text("#output").strip() and page.is_hidden("#error")
+        browser.close()

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from conftest import REPO, free_ports
-from werkzeug.serving import make_server
+from conftest import REPO
+from web_stub import serving
 
 from hymt_serve.ops.launcher import Server
 from hymt_serve.web.app import create_app
@@ -54,12 +53,8 @@ CHROMIUM_FLAGS = [
 
 @pytest.fixture(scope="module")
 def page_url(server: Server) -> Iterator[str]:
-    [port] = free_ports(1)
-    web = make_server("127.0.0.1", port, create_app(server), threaded=True)
-    thread = threading.Thread(target=web.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{port}/"
-    web.shutdown()
+    with serving(create_app(server)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -386,25 +381,22 @@ def test_a_server_that_needs_keys_asks_for_one_and_counts_it(
     from hymt_serve.web.keys import ClientKeys
 
     keys = ClientKeys.open(tmp_path / "web_keys.json")
-    [port] = free_ports(1)
     app = create_app(server, client_keys=keys, require_keys=True)
-    web = make_server("127.0.0.1", port, app, threaded=True)
-    threading.Thread(target=web.serve_forever, daemon=True).start()
-    context = browser.new_context()
-    try:
-        page = context.new_page()
-        page.goto(f"http://127.0.0.1:{port}/")
-        page.wait_for_selector("#key-form", state="visible")
-        assert page.evaluate("window.hymt.ready") is not True
-        page.fill("#key", keys.keys[0].key)
-        page.click("#key-form button")
-        page.wait_for_function("window.hymt && window.hymt.ready === true")
-        assert page.is_hidden("#key-form")
-        page.fill("#input", "Good morning.")
-        page.click("#translate")
-        page.wait_for_function("document.getElementById('stats').textContent.includes(' s')")
-        assert page.is_hidden("#error")
-        assert keys.used(keys.keys[0]) == len("Good morning.")
-    finally:
-        context.close()
-        web.shutdown()
+    with serving(app) as url:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(url)
+            page.wait_for_selector("#key-form", state="visible")
+            assert page.evaluate("window.hymt.ready") is not True
+            page.fill("#key", keys.keys[0].key)
+            page.click("#key-form button")
+            page.wait_for_function("window.hymt && window.hymt.ready === true")
+            assert page.is_hidden("#key-form")
+            page.fill("#input", "Good morning.")
+            page.click("#translate")
+            page.wait_for_function("document.getElementById('stats').textContent.includes(' s')")
+            assert page.is_hidden("#error")
+            assert keys.used(keys.keys[0]) == len("Good morning.")
+        finally:
+            context.close()

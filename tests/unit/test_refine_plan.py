@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from typing import Any
 
 from hymt_serve.web.refine import CANDIDATE_PLAN, refine
@@ -17,15 +17,14 @@ class Models:
     def __init__(self, texts: list[str], cut: frozenset[int] = frozenset()) -> None:
         self.texts, self.cut = texts, cut
         self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.lock = threading.Lock()
 
-    def post(
+    async def post(
         self, model: str, body: dict[str, Any], *, bulk: bool = False
     ) -> tuple[int, dict[str, Any]]:
         assert not bulk  # one client's candidates are not bulk work
-        with self.lock:
-            self.calls.append((model, body))
-            number = len(self.calls) - 1
+        self.calls.append((model, body))
+        number = len(self.calls) - 1
+        await asyncio.sleep(0)  # the six candidate calls are in flight together
         texts = [body["text"]] if isinstance(body["text"], str) else body["text"]
         if model == "chimera":
             items = [
@@ -40,7 +39,7 @@ class Models:
 
 
 def run(models: Models, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    return refine(body, models.post, "hunyuan-mt", "chimera")
+    return asyncio.run(refine(body, models.post, "hunyuan-mt", "chimera"))
 
 
 def test_candidates_are_generated_deduplicated_and_refined() -> None:
@@ -75,10 +74,10 @@ def test_candidates_cut_by_the_length_limit_are_left_out() -> None:
 
 def test_a_list_of_texts_refines_only_those_with_a_choice() -> None:
     class PerText(Models):
-        def post(
+        async def post(
             self, model: str, body: dict[str, Any], *, bulk: bool = False
         ) -> tuple[int, dict[str, Any]]:
-            status, answer = super().post(model, body, bulk=bulk)
+            status, answer = await super().post(model, body, bulk=bulk)
             if model == "hunyuan-mt":  # the first text always agrees, the second never
                 answer["translations"] = [
                     {"text": "same", "finish_reason": "stop"},
@@ -108,12 +107,12 @@ def test_errors_pass_through() -> None:
     status, answer = run(Models([]), {"text": "x", "target_lang": "en"})
     assert status == 400 and answer["field"] == "source_lang"
 
-    def refusing(
+    async def refusing(
         model: str, body: dict[str, Any], *, bulk: bool = False
     ) -> tuple[int, dict[str, Any]]:
         return 503, {"error": "busy", "error_type": "server_busy"}
 
-    assert refine(BODY, refusing, "hunyuan-mt", "chimera") == (
+    assert asyncio.run(refine(BODY, refusing, "hunyuan-mt", "chimera")) == (
         503,
         {"error": "busy", "error_type": "server_busy"},
     )

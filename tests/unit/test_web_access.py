@@ -6,18 +6,22 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from flask.testing import FlaskClient
-from web_stub import DESCRIBE, MODEL, PREDICTIONS, Upstream, client_keys, workdir
+from starlette.routing import Mount, Route
+from starlette.testclient import TestClient
+from web_stub import DESCRIBE, MODEL, PREDICTIONS, Upstream, client_keys, opened, workdir
 from werkzeug.wrappers import Request, Response
 
 from hymt_serve.ops import launcher
 from hymt_serve.ops.launcher import KEY_FILE
 from hymt_serve.web import fairness
-from hymt_serve.web.app import ALWAYS_OPEN, OWN_KEYS, create_app, is_loopback
+from hymt_serve.web.access import ALWAYS_OPEN, OWN_KEYS
+from hymt_serve.web.app import create_app, is_loopback
 from hymt_serve.web.keys import ClientKeys
 
 TRANSLATED = {"translation": "x", "translations": [{"text": "x"}], "usage": {}}
@@ -32,10 +36,13 @@ def keys(tmp_path: Path) -> ClientKeys:
     return client_keys(tmp_path / "web_keys.json")
 
 
-def _app(upstream: Upstream, tmp_path: Path, keys: ClientKeys, **options: Any) -> FlaskClient:
-    return create_app(
-        workdir(tmp_path, upstream.url), MODEL, client_keys=keys, **options
-    ).test_client()
+@contextmanager
+def _app(
+    upstream: Upstream, tmp_path: Path, keys: ClientKeys, **options: Any
+) -> Iterator[TestClient]:
+    app = create_app(workdir(tmp_path, upstream.url), MODEL, client_keys=keys, **options)
+    with opened(app) as client:
+        yield client
 
 
 # --- the rule: open on loopback, keys everywhere else -----------------------------------------
@@ -57,51 +64,62 @@ def test_off_loopback_every_route_but_the_page_and_probes_needs_a_key(
     """Each route of the app, called without a key, is refused unless it is meant to be open:
     a route added later without a decision fails here."""
     upstream.reply(PREDICTIONS, TRANSLATED)
-    client = _app(upstream, tmp_path, keys, require_keys=True, refine_model="chimera")
-    app = client.application
-    for rule in app.url_map.iter_rules():
-        path = rule.rule.replace("<name>", MODEL).replace("<document_id>", "0" * 32)
-        path = path.replace("<path:filename>", "app.js")
-        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):  # type: ignore[operator]
-            answer = client.open(path, method=method, json={"text": "a", "target_lang": "de"})
-            if rule.endpoint in ALWAYS_OPEN:
-                assert answer.status_code not in (401, 403), (rule.rule, method)
-            else:
-                assert answer.status_code in (401, 403), (rule.rule, method, answer.status_code)
-                assert answer.is_json
+    app = create_app(
+        workdir(tmp_path, upstream.url), MODEL, client_keys=keys, require_keys=True,
+        refine_model="chimera",
+    )  # fmt: skip
+    names = set()
+    with opened(app) as client:
+        for route in app.routes:
+            assert isinstance(route, Route | Mount), route
+            names.add(route.name)
+            path = route.path.replace("{name}", MODEL).replace("{document_id}", "0" * 32)
+            methods = (route.methods or set()) if isinstance(route, Route) else {"GET"}
+            if isinstance(route, Mount):  # the page's files
+                path += "/app.js"
+            for method in sorted(methods - {"HEAD", "OPTIONS"}):
+                answer = client.request(method, path, json={"text": "a", "target_lang": "de"})
+                if route.name in ALWAYS_OPEN:
+                    assert answer.status_code not in (401, 403), (route.path, method)
+                else:
+                    refused = (route.path, method, answer.status_code)
+                    assert answer.status_code in (401, 403), refused
+                    assert answer.headers["Content-Type"] == "application/json"
+        unknown = client.get("/no/such/route")
+        assert unknown.status_code == 401 and unknown.headers["Content-Type"] == "application/json"
     assert not upstream.forwarded()
-    assert {rule.endpoint for rule in app.url_map.iter_rules()} >= OWN_KEYS
+    assert names >= OWN_KEYS
 
 
 def test_off_loopback_the_page_api_counts_characters_against_the_key(
     upstream: Upstream, tmp_path: Path, keys: ClientKeys
 ) -> None:
     upstream.reply(PREDICTIONS, TRANSLATED)
-    client = _app(upstream, tmp_path, keys, require_keys=True)
-    body = {"text": ["abc", "de"], "target_lang": "fr", "stream": False}
-    assert client.post("/api/translate", json=body, headers=_auth(keys)).status_code == 200
-    assert keys.used(keys.keys[0]) == 5 and keys.used(keys.keys[1]) == 0
-    upstream.reply(PREDICTIONS, {"error": "bad", "error_type": "invalid_request"}, 400)
-    assert client.post("/api/translate", json=body, headers=_auth(keys)).status_code == 400
-    assert keys.used(keys.keys[0]) == 5  # a refused request is given back
-    poor = client_keys(tmp_path / "poor.json", ("carol",), limit=3)
-    client = _app(upstream, tmp_path, poor, require_keys=True)
-    over = client.post("/api/translate", json=body, headers=_auth(poor))
-    assert over.status_code == 429 and over.get_json()["error_type"] == "quota_exceeded"
-    assert client.get("/api/config").status_code == 401
-    assert client.get("/").status_code == 200
+    with _app(upstream, tmp_path, keys, require_keys=True) as client:
+        body = {"text": ["abc", "de"], "target_lang": "fr", "stream": False}
+        assert client.post("/api/translate", json=body, headers=_auth(keys)).status_code == 200
+        assert keys.used(keys.keys[0]) == 5 and keys.used(keys.keys[1]) == 0
+        upstream.reply(PREDICTIONS, {"error": "bad", "error_type": "invalid_request"}, 400)
+        assert client.post("/api/translate", json=body, headers=_auth(keys)).status_code == 400
+        assert keys.used(keys.keys[0]) == 5  # a refused request is given back
+        poor = client_keys(tmp_path / "poor.json", ("carol",), limit=3)
+    with _app(upstream, tmp_path, poor, require_keys=True) as client:
+        over = client.post("/api/translate", json=body, headers=_auth(poor))
+        assert over.status_code == 429 and over.json()["error_type"] == "quota_exceeded"
+        assert client.get("/api/config").status_code == 401
+        assert client.get("/").status_code == 200
 
 
 def test_on_loopback_the_page_api_is_open_and_counts_nothing(
     upstream: Upstream, tmp_path: Path, keys: ClientKeys
 ) -> None:
     upstream.reply(PREDICTIONS, TRANSLATED)
-    client = _app(upstream, tmp_path, keys)
-    body = {"text": "abc", "target_lang": "fr", "stream": False}
-    assert client.post("/api/translate", json=body).status_code == 200
-    assert keys.used(keys.keys[0]) == 0
-    answer = client.post("/translate", json={"q": "a", "source": "en", "target": "de"})
-    assert answer.status_code == 403  # the compatible APIs ask for their keys everywhere
+    with _app(upstream, tmp_path, keys) as client:
+        body = {"text": "abc", "target_lang": "fr", "stream": False}
+        assert client.post("/api/translate", json=body).status_code == 200
+        assert keys.used(keys.keys[0]) == 0
+        answer = client.post("/translate", json={"q": "a", "source": "en", "target": "de"})
+        assert answer.status_code == 403  # the compatible APIs ask for their keys everywhere
 
 
 # --- TorchServe's key file while TorchServe rewrites it ---------------------------------------
@@ -112,29 +130,32 @@ def test_a_half_written_key_file_is_a_503_not_a_500(
 ) -> None:
     monkeypatch.setattr(launcher, "KEY_FILE_WAIT_S", 0.1)
     upstream.reply(PREDICTIONS, TRANSLATED)
-    client = _app(upstream, tmp_path, keys)
-    body = {"text": "abc", "target_lang": "fr", "stream": False}
-    (tmp_path / KEY_FILE).write_text('{"inference": {"ke')
-    for path, payload in (("/api/translate", body), ("/api/translate", {**body, "stream": True})):
-        answer = client.post(path, json=payload)
-        assert answer.status_code == 502 and answer.get_json()["error_type"] == "server_unavailable"
-    libre = {"q": "a", "source": "en", "target": "de", "api_key": keys.keys[0].key}
-    answer = client.post("/translate", json=libre)
-    assert answer.status_code == 502 and "cannot be reached" in answer.get_json()["error"]
+    with _app(upstream, tmp_path, keys) as client:
+        body = {"text": "abc", "target_lang": "fr", "stream": False}
+        (tmp_path / KEY_FILE).write_text('{"inference": {"ke')
+        for path, payload in (
+            ("/api/translate", body),
+            ("/api/translate", {**body, "stream": True}),
+        ):
+            answer = client.post(path, json=payload)
+            assert answer.status_code == 502 and answer.json()["error_type"] == "server_unavailable"
+        libre = {"q": "a", "source": "en", "target": "de", "api_key": keys.keys[0].key}
+        answer = client.post("/translate", json=libre)
+        assert answer.status_code == 502 and "cannot be reached" in answer.json()["error"]
 
 
 def test_a_key_file_finished_while_waiting_is_read(
     upstream: Upstream, tmp_path: Path, keys: ClientKeys
 ) -> None:
     upstream.reply(PREDICTIONS, TRANSLATED)
-    client = _app(upstream, tmp_path, keys)
-    path = tmp_path / KEY_FILE
-    whole = path.read_text()
-    path.write_text(whole[:10])
-    threading.Timer(0.2, path.write_text, (whole,)).start()
-    body = {"text": "abc", "target_lang": "fr", "stream": False}
-    assert client.post("/api/translate", json=body).status_code == 200
-    assert upstream.forwarded()[-1].headers["Authorization"] == "Bearer inference-key"
+    with _app(upstream, tmp_path, keys) as client:
+        path = tmp_path / KEY_FILE
+        whole = path.read_text()
+        path.write_text(whole[:10])
+        threading.Timer(0.2, path.write_text, (whole,)).start()
+        body = {"text": "abc", "target_lang": "fr", "stream": False}
+        assert client.post("/api/translate", json=body).status_code == 200
+        assert upstream.forwarded()[-1].headers["Authorization"] == "Bearer inference-key"
 
 
 # --- one huge request among others ------------------------------------------------------------
@@ -165,13 +186,13 @@ def test_a_huge_libretranslate_request_is_sent_a_window_at_a_time(
 ) -> None:
     route = Counting()
     upstream.replies[PREDICTIONS] = route
-    client = _app(upstream, tmp_path, keys)
-    texts = [f"t{i}" for i in range(2000)]
-    libre = {"q": texts, "source": "en", "target": "de", "api_key": keys.keys[0].key}
-    answer = client.post("/translate", json=libre)
-    assert answer.status_code == 200
-    assert answer.get_json()["translatedText"] == [t.upper() for t in texts]
-    assert route.calls == 2000 // fairness.BULK_CHUNK and route.most <= fairness.BULK_ALONE
+    with _app(upstream, tmp_path, keys) as client:
+        texts = [f"t{i}" for i in range(2000)]
+        libre = {"q": texts, "source": "en", "target": "de", "api_key": keys.keys[0].key}
+        answer = client.post("/translate", json=libre)
+        assert answer.status_code == 200
+        assert answer.json()["translatedText"] == [t.upper() for t in texts]
+        assert route.calls == 2000 // fairness.BULK_CHUNK and route.most <= fairness.BULK_ALONE
 
 
 def test_a_huge_request_sends_one_chunk_at_a_time_while_others_translate(
@@ -196,23 +217,23 @@ def test_a_huge_request_sends_one_chunk_at_a_time_while_others_translate(
         return Response(json.dumps(body), content_type="application/json")
 
     upstream.replies[PREDICTIONS] = route
-    client = _app(upstream, tmp_path, keys)
-    base = {"source": "en", "target": "de", "api_key": keys.keys[0].key}
-    done = threading.Event()
+    with _app(upstream, tmp_path, keys) as client:
+        base = {"source": "en", "target": "de", "api_key": keys.keys[0].key}
+        done = threading.Event()
 
-    def user() -> None:
-        while not done.is_set():
-            assert client.post("/translate", json={**base, "q": "a"}).status_code == 200
+        def user() -> None:
+            while not done.is_set():
+                assert client.post("/translate", json={**base, "q": "a"}).status_code == 200
 
-    users = [threading.Thread(target=user) for _ in range(4)]
-    for thread in users:
-        thread.start()
-    huge = client.post("/translate", json={**base, "q": ["b"] * 400})
-    done.set()
-    for thread in users:
-        thread.join()
-    assert huge.status_code == 200 and len(huge.get_json()["translatedText"]) == 400
-    assert seen["bulk_beside_users"] == fairness.BULK_SHARED
+        users = [threading.Thread(target=user) for _ in range(4)]
+        for thread in users:
+            thread.start()
+        huge = client.post("/translate", json={**base, "q": ["b"] * 400})
+        done.set()
+        for thread in users:
+            thread.join()
+        assert huge.status_code == 200 and len(huge.json()["translatedText"]) == 400
+        assert seen["bulk_beside_users"] == fairness.BULK_SHARED
 
 
 def test_the_front_end_never_fills_torchserves_queue(
@@ -223,21 +244,21 @@ def test_the_front_end_never_fills_torchserves_queue(
     upstream.reply(DESCRIBE, [{"jobQueueStatus": {"remainingCapacity": 8, "pendingRequests": 0}}])
     route = Counting(delay=0.01)
     upstream.replies[PREDICTIONS] = route
-    client = _app(upstream, tmp_path, keys)
-    libre = {"q": ["a"] * 200, "source": "en", "target": "de", "api_key": keys.keys[0].key}
-    statuses: list[int] = []
-    threads = [
-        threading.Thread(
-            target=lambda: statuses.append(client.post("/translate", json=libre).status_code)
-        )
-        for _ in range(12)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert statuses == [200] * 12
-    assert route.most <= 6
+    with _app(upstream, tmp_path, keys) as client:
+        libre = {"q": ["a"] * 200, "source": "en", "target": "de", "api_key": keys.keys[0].key}
+        statuses: list[int] = []
+        threads = [
+            threading.Thread(
+                target=lambda: statuses.append(client.post("/translate", json=libre).status_code)
+            )
+            for _ in range(12)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert statuses == [200] * 12
+        assert route.most <= 6
 
 
 def test_too_many_requests_of_one_key_get_429(
@@ -250,30 +271,30 @@ def test_too_many_requests_of_one_key_get_429(
         return Response(json.dumps(TRANSLATED), content_type="application/json")
 
     upstream.replies[PREDICTIONS] = held
-    client = _app(upstream, tmp_path, keys, limits=fairness.KeyLimits(per_key=2))
-    body = {"text": ["a"], "target_lang": "DE", "auth_key": keys.keys[0].key}
-    answers: list[int] = []
-    threads = [
-        threading.Thread(
-            target=lambda: answers.append(client.post("/v2/translate", json=body).status_code)
+    with _app(upstream, tmp_path, keys, limits=fairness.KeyLimits(per_key=2)) as client:
+        body = {"text": ["a"], "target_lang": "DE", "auth_key": keys.keys[0].key}
+        answers: list[int] = []
+        threads = [
+            threading.Thread(
+                target=lambda: answers.append(client.post("/v2/translate", json=body).status_code)
+            )
+            for _ in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)
+        third = client.post("/v2/translate", json=body)
+        other = {**body, "auth_key": keys.keys[1].key}
+        other_thread = threading.Thread(
+            target=lambda: answers.append(client.post("/v2/translate", json=other).status_code)
         )
-        for _ in range(2)
-    ]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.3)
-    third = client.post("/v2/translate", json=body)
-    other = {**body, "auth_key": keys.keys[1].key}
-    other_thread = threading.Thread(
-        target=lambda: answers.append(client.post("/v2/translate", json=other).status_code)
-    )
-    other_thread.start()
-    gate.set()
-    for thread in [*threads, other_thread]:
-        thread.join()
-    assert third.status_code == 429 and "at most 2" in third.get_json()["message"]
-    assert third.headers["Retry-After"]
-    assert answers == [200, 200, 200]
+        other_thread.start()
+        gate.set()
+        for thread in [*threads, other_thread]:
+            thread.join()
+        assert third.status_code == 429 and "at most 2" in third.json()["message"]
+        assert third.headers["Retry-After"]
+        assert answers == [200, 200, 200]
 
 
 def test_torchserves_busy_answer_says_to_retry_not_to_scale(
@@ -287,9 +308,9 @@ def test_torchserves_busy_answer_says_to_retry_not_to_scale(
     upstream.reply(
         PREDICTIONS, {"code": 503, "type": "ServiceUnavailableException", "message": message}, 503
     )
-    client = _app(upstream, tmp_path, keys)
-    libre = {"q": ["a"], "source": "en", "target": "de", "api_key": keys.keys[0].key}
-    answer = client.post("/translate", json=libre)
-    assert answer.status_code == 503 and answer.headers["Retry-After"]
-    assert "scale" not in answer.get_json()["error"] and "retry" in answer.get_json()["error"]
-    assert keys.used(keys.keys[0]) == 0
+    with _app(upstream, tmp_path, keys) as client:
+        libre = {"q": ["a"], "source": "en", "target": "de", "api_key": keys.keys[0].key}
+        answer = client.post("/translate", json=libre)
+        assert answer.status_code == 503 and answer.headers["Retry-After"]
+        assert "scale" not in answer.json()["error"] and "retry" in answer.json()["error"]
+        assert keys.used(keys.keys[0]) == 0

@@ -1,15 +1,16 @@
-"""The web front end's Flask app against a stub TorchServe (tests/web_stub.py): no TorchServe.
+"""The web front end's app against a stub TorchServe (tests/web_stub.py): no TorchServe.
 The page's proxy, its configuration and refinement."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from flask.testing import FlaskClient
-from web_stub import DESCRIBE, MODEL, PREDICTIONS, Upstream, workdir
+from starlette.testclient import TestClient
+from web_stub import DESCRIBE, MODEL, PREDICTIONS, Upstream, mimetype, opened, workdir
 from web_stub import response as stub_response
 from werkzeug.wrappers import Request, Response
 
@@ -18,8 +19,9 @@ from hymt_serve.web.torchserve import TORCHSERVE_BUSY
 
 
 @pytest.fixture
-def client(upstream: Upstream, tmp_path: Path) -> FlaskClient:
-    return create_app(workdir(tmp_path, upstream.url), MODEL).test_client()
+def client(upstream: Upstream, tmp_path: Path) -> Iterator[TestClient]:
+    with opened(create_app(workdir(tmp_path, upstream.url), MODEL)) as client:
+        yield client
 
 
 def _lines(data: bytes) -> list[Any]:
@@ -34,7 +36,7 @@ NDJSON = "".join(json.dumps(line) + "\n" for line in STREAMED).encode()
 
 
 def test_a_single_text_streams_by_default_with_every_field_forwarded(
-    client: FlaskClient, upstream: Upstream
+    client: TestClient, upstream: Upstream
 ) -> None:
     upstream.reply(PREDICTIONS, NDJSON, mimetype="application/x-ndjson")
     sent = {
@@ -47,8 +49,8 @@ def test_a_single_text_streams_by_default_with_every_field_forwarded(
     }
     response = client.post("/api/translate", json=sent)
     assert response.status_code == 200
-    assert response.mimetype == "application/x-ndjson"
-    assert _lines(response.data) == STREAMED
+    assert mimetype(response) == "application/x-ndjson"
+    assert _lines(response.content) == STREAMED
     [forwarded] = upstream.forwarded()
     assert forwarded.json() == {**sent, "stream": True}
     assert forwarded.headers["Authorization"] == "Bearer inference-key"
@@ -56,40 +58,40 @@ def test_a_single_text_streams_by_default_with_every_field_forwarded(
 
 
 def test_a_list_of_texts_is_forwarded_as_is_and_answered_with_the_upstream_json(
-    client: FlaskClient, upstream: Upstream
+    client: TestClient, upstream: Upstream
 ) -> None:
     answer = {"translations": [{"text": "Bonjour"}, {"text": "Salut"}], "target_lang": "fr"}
     upstream.reply(PREDICTIONS, answer)
     sent = {"text": ["Hello", "Hi"], "target_lang": "fr", "max_new_tokens": 8}
     response = client.post("/api/translate", json=sent)
-    assert (response.status_code, response.mimetype) == (200, "application/json")
-    assert response.get_json() == answer
+    assert (response.status_code, mimetype(response)) == (200, "application/json")
+    assert response.json() == answer
     assert upstream.forwarded()[0].json() == sent  # no "stream" added
 
 
-def test_stream_false_from_the_client_is_kept(client: FlaskClient, upstream: Upstream) -> None:
+def test_stream_false_from_the_client_is_kept(client: TestClient, upstream: Upstream) -> None:
     answer = {"translation": "Bonjour", "usage": {"input_tokens": 20, "output_tokens": 2}}
     upstream.reply(PREDICTIONS, answer)
     sent = {"text": "Hello", "target_lang": "fr", "stream": False}
     response = client.post("/api/translate", json=sent)
-    assert (response.status_code, response.mimetype) == (200, "application/json")
-    assert response.get_json() == answer
+    assert (response.status_code, mimetype(response)) == (200, "application/json")
+    assert response.json() == answer
     assert upstream.forwarded()[0].json() == sent
 
 
 def test_stream_true_with_a_list_gets_the_handlers_own_error(
-    client: FlaskClient, upstream: Upstream
+    client: TestClient, upstream: Upstream
 ) -> None:
     error = {"error": "stream needs a single text", "error_type": "invalid_request"}
     upstream.reply(PREDICTIONS, error, status=400)
     sent = {"text": ["a", "b"], "target_lang": "fr", "stream": True}
     response = client.post("/api/translate", json=sent)
-    assert (response.status_code, response.get_json()) == (400, error)
+    assert (response.status_code, response.json()) == (400, error)
     assert upstream.forwarded()[0].json() == sent
 
 
 def test_unknown_fields_reach_the_handler_and_its_error_passes_through_unchanged(
-    client: FlaskClient, upstream: Upstream
+    client: TestClient, upstream: Upstream
 ) -> None:
     error = {
         "error": "unknown field 'target_language'",
@@ -101,7 +103,7 @@ def test_unknown_fields_reach_the_handler_and_its_error_passes_through_unchanged
     upstream.reply(PREDICTIONS, error, status=400)
     sent = {"text": "Hello", "target_language": "fr"}
     response = client.post("/api/translate", json=sent)
-    assert (response.status_code, response.get_json()) == (400, error)
+    assert (response.status_code, response.json()) == (400, error)
     assert upstream.forwarded()[0].json() == {**sent, "stream": True}
 
 
@@ -126,36 +128,36 @@ def test_unknown_fields_reach_the_handler_and_its_error_passes_through_unchanged
     ],
 )
 def test_torchserve_errors_are_mapped(
-    client: FlaskClient, upstream: Upstream, status: int, torchserve_body: Any, error_type: str
+    client: TestClient, upstream: Upstream, status: int, torchserve_body: Any, error_type: str
 ) -> None:
     upstream.reply(PREDICTIONS, torchserve_body, status=status)
     response = client.post("/api/translate", json={"text": "Hello", "target_lang": "fr"})
     assert response.status_code == status
     # TorchServe's 503 advises its operator to scale workers: a client is told to retry
     message = TORCHSERVE_BUSY if status == 503 else torchserve_body["message"]
-    assert response.get_json() == {"error": message, "error_type": error_type}
+    assert response.json() == {"error": message, "error_type": error_type}
 
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_an_empty_413_becomes_a_json_error(
-    client: FlaskClient, upstream: Upstream, stream: bool
+    client: TestClient, upstream: Upstream, stream: bool
 ) -> None:
     upstream.reply(PREDICTIONS, b"", status=413)
     body = {"text": "x" * 100, "target_lang": "fr", "stream": stream}
     response = client.post("/api/translate", json=body)
-    assert (response.status_code, response.mimetype) == (413, "application/json")
-    error = response.get_json()
+    assert (response.status_code, mimetype(response)) == (413, "application/json")
+    error = response.json()
     assert error["error_type"] == "payload_too_large"
     assert error["error"]
 
 
 def test_a_non_json_upstream_error_becomes_a_json_error(
-    client: FlaskClient, upstream: Upstream
+    client: TestClient, upstream: Upstream
 ) -> None:
     upstream.reply(PREDICTIONS, b"<html>Bad Gateway</html>", status=502, mimetype="text/html")
     response = client.post("/api/translate", json={"text": ["a"], "target_lang": "fr"})
     assert response.status_code == 502
-    assert response.get_json()["error_type"] == "server_error"
+    assert response.json()["error_type"] == "server_error"
 
 
 @pytest.mark.parametrize(
@@ -170,19 +172,19 @@ def test_a_non_json_upstream_error_becomes_a_json_error(
     ids=["list", "string", "broken", "not-json-content-type", "deeply-nested"],
 )
 def test_a_body_that_is_not_a_json_object_is_a_400_without_forwarding(
-    client: FlaskClient, upstream: Upstream, data: str, content_type: str
+    client: TestClient, upstream: Upstream, data: str, content_type: str
 ) -> None:
-    response = client.post("/api/translate", data=data, content_type=content_type)
+    response = client.post("/api/translate", content=data, headers={"Content-Type": content_type})
     assert response.status_code == 400
-    assert response.get_json()["error_type"] == "invalid_request"
+    assert response.json()["error_type"] == "invalid_request"
     assert not upstream.forwarded()
 
 
 def test_an_unreachable_server_is_a_502(tmp_path: Path) -> None:
-    client = create_app(workdir(tmp_path, "http://127.0.0.1:9"), MODEL).test_client()
-    response = client.post("/api/translate", json={"text": "Hello", "target_lang": "fr"})
+    with opened(create_app(workdir(tmp_path, "http://127.0.0.1:9"), MODEL)) as client:
+        response = client.post("/api/translate", json={"text": "Hello", "target_lang": "fr"})
     assert response.status_code == 502
-    assert response.get_json()["error_type"] == "server_unavailable"
+    assert response.json()["error_type"] == "server_unavailable"
 
 
 # --- /api/config ------------------------------------------------------------------------------
@@ -197,10 +199,10 @@ def _described(engine: dict[str, Any], max_chars: int = 1234, as_string: bool = 
 
 @pytest.mark.parametrize("as_string", [True, False])
 def test_config_says_demo_model_from_one_describe_call(
-    client: FlaskClient, upstream: Upstream, as_string: bool
+    client: TestClient, upstream: Upstream, as_string: bool
 ) -> None:
     upstream.reply(DESCRIBE, _described({"engine": "hf", "random_weights": True}, 777, as_string))
-    config = client.get("/api/config").get_json()
+    config = client.get("/api/config").json()
     assert (config["demo_model"], config["max_chars"], config["model"]) == (True, 777, MODEL)
     assert len(config["languages"]) == 38
     [described] = upstream.forwarded(DESCRIBE)  # one management request, not one per field
@@ -221,7 +223,7 @@ def test_config_says_demo_model_from_one_describe_call(
     ],
 )
 def test_config_lists_the_model_familys_features(
-    client: FlaskClient, upstream: Upstream, family: Any, features: list[str]
+    client: TestClient, upstream: Upstream, family: Any, features: list[str]
 ) -> None:
     described = _described({"engine": "hf"})
     metadata = json.loads(described[0]["customizedMetadata"])
@@ -229,7 +231,7 @@ def test_config_lists_the_model_familys_features(
         metadata["model_family"] = family
     described[0]["customizedMetadata"] = json.dumps(metadata)
     upstream.reply(DESCRIBE, described)
-    config = client.get("/api/config").get_json()
+    config = client.get("/api/config").json()
     assert config["features"] == features
     expected = family.get("model_family") if isinstance(family, dict) else None
     assert config["family"] == expected
@@ -239,10 +241,10 @@ def test_config_lists_the_model_familys_features(
     "engine", [{"engine": "hf", "random_weights": False}, {"engine": "hf"}], ids=["false", "absent"]
 )
 def test_config_says_no_demo_model_for_a_real_model(
-    client: FlaskClient, upstream: Upstream, engine: dict[str, Any]
+    client: TestClient, upstream: Upstream, engine: dict[str, Any]
 ) -> None:
     upstream.reply(DESCRIBE, _described(engine))
-    config = client.get("/api/config").get_json()
+    config = client.get("/api/config").json()
     assert (config["demo_model"], config["max_chars"]) == (False, 1234)
 
 
@@ -252,28 +254,28 @@ def test_config_says_no_demo_model_for_a_real_model(
     ids=["no-reply", "empty", "bad-json", "not-an-object"],
 )
 def test_config_falls_back_when_describe_is_unreadable(
-    client: FlaskClient, upstream: Upstream, described: Any
+    client: TestClient, upstream: Upstream, described: Any
 ) -> None:
     if described is not None:
         upstream.reply(DESCRIBE, described)
-    config = client.get("/api/config").get_json()
+    config = client.get("/api/config").json()
     assert (config["demo_model"], config["max_chars"]) == (False, 4000)
 
 
 # --- static files -----------------------------------------------------------------------------
 
 
-def test_favicon_is_an_image(client: FlaskClient) -> None:
+def test_favicon_is_an_image(client: TestClient) -> None:
     response = client.get("/favicon.ico")
     assert response.status_code == 200
-    assert response.mimetype.startswith("image/")
-    assert b"<svg" in response.data
-    page = client.get("/").get_data(as_text=True)
+    assert mimetype(response).startswith("image/")
+    assert b"<svg" in response.content
+    page = client.get("/").text
     assert 'rel="icon"' in page
 
 
-def test_the_page_has_a_hidden_demo_notice(client: FlaskClient) -> None:
-    page = client.get("/").get_data(as_text=True)
+def test_the_page_has_a_hidden_demo_notice(client: TestClient) -> None:
+    page = client.get("/").text
     assert 'id="demo-notice"' in page and "random weights" in page
 
 
@@ -283,12 +285,12 @@ CHIMERA_PREDICTIONS = "/predictions/chimera"
 
 
 def test_refine_is_off_unless_a_chimera_model_is_named(
-    client: FlaskClient, upstream: Upstream
+    client: TestClient, upstream: Upstream
 ) -> None:
     response = client.post("/api/refine", json={"text": "x", "target_lang": "en"})
-    assert response.status_code == 404 and "--refine-model" in response.get_json()["error"]
+    assert response.status_code == 404 and "--refine-model" in response.json()["error"]
     upstream.reply(DESCRIBE, _described({"engine": "hf"}))
-    assert client.get("/api/config").get_json()["refine"] is False
+    assert client.get("/api/config").json()["refine"] is False
     assert not upstream.forwarded()
 
 
@@ -296,7 +298,11 @@ def test_refine_calls_both_models_with_the_inference_key(
     upstream: Upstream, tmp_path: Path
 ) -> None:
     app = create_app(workdir(tmp_path, upstream.url), MODEL, refine_model="chimera")
-    client = app.test_client()
+    with opened(app) as client:
+        _refine_through_both_models(client, upstream)
+
+
+def _refine_through_both_models(client: TestClient, upstream: Upstream) -> None:
     counter = iter(range(100))
 
     def candidate(_request: Request) -> Response:
@@ -311,7 +317,7 @@ def test_refine_calls_both_models_with_the_inference_key(
     upstream.reply(CHIMERA_PREDICTIONS, refined)
     body = {"text": "x", "source_lang": "en", "target_lang": "fr"}
     response = client.post("/api/refine", json=body)
-    assert response.status_code == 200 and response.get_json()["translation"] == "best"
+    assert response.status_code == 200 and response.json()["translation"] == "best"
     assert len(upstream.forwarded()) == 6
     [chimera] = upstream.forwarded(CHIMERA_PREDICTIONS)
     # Which request got which scripted text depends on arrival order: compare as a set.
@@ -320,5 +326,5 @@ def test_refine_calls_both_models_with_the_inference_key(
     assert chimera.headers["Authorization"] == "Bearer inference-key"
     upstream.reply(CHIMERA_PREDICTIONS, {"code": 503, "type": "x", "message": "no worker"}, 503)
     failed = client.post("/api/refine", json=body)
-    assert failed.status_code == 503 and failed.get_json()["error"] == TORCHSERVE_BUSY
-    assert client.post("/api/refine", data="nope").status_code == 400
+    assert failed.status_code == 503 and failed.json()["error"] == TORCHSERVE_BUSY
+    assert client.post("/api/refine", content="nope").status_code == 400

@@ -4,12 +4,13 @@ forwarding to TorchServe, readiness; against the stub TorchServe (no TorchServe)
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from flask.testing import FlaskClient
-from web_stub import MODEL, Upstream, workdir
+from starlette.testclient import TestClient
+from web_stub import MODEL, Upstream, opened, workdir
 
 from hymt_serve.web.app import create_app
 from hymt_serve.web.keys import ClientKeys
@@ -28,23 +29,25 @@ def keys(tmp_path: Path) -> ClientKeys:
 
 
 @pytest.fixture
-def v2_client(upstream: Upstream, tmp_path: Path, keys: ClientKeys) -> FlaskClient:
+def v2_client(upstream: Upstream, tmp_path: Path, keys: ClientKeys) -> Iterator[TestClient]:
     server = workdir(tmp_path, upstream.url)
     (tmp_path / "keys").mkdir(exist_ok=True)
-    return create_app(server, MODEL, client_keys=keys).test_client()
+    with opened(create_app(server, MODEL, client_keys=keys)) as client:
+        yield client
 
 
-def post(client: FlaskClient, keys: ClientKeys, body: Any = V2, **headers: str) -> Any:
+def post(client: TestClient, keys: ClientKeys, body: Any = V2, **headers: str) -> Any:
     auth = {"Authorization": f"Bearer {keys.keys[0].key}", **headers}
-    return client.post(INFER, data=json.dumps(body), content_type="application/json", headers=auth)
+    headers = {"Content-Type": "application/json", **auth}
+    return client.post(INFER, content=json.dumps(body), headers=headers)
 
 
 def test_inference_is_forwarded_with_torchserves_key_and_counted(
-    v2_client: FlaskClient, upstream: Upstream, keys: ClientKeys
+    v2_client: TestClient, upstream: Upstream, keys: ClientKeys
 ) -> None:
     upstream.reply(INFER, ANSWER)
     answer = post(v2_client, keys)
-    assert answer.status_code == 200 and answer.get_json() == ANSWER
+    assert answer.status_code == 200 and answer.json() == ANSWER
     [seen] = upstream.forwarded(INFER)
     assert seen.headers["Authorization"] == "Bearer inference-key"
     assert seen.json() == V2 and seen.headers["Content-Type"] == "application/json"
@@ -52,7 +55,7 @@ def test_inference_is_forwarded_with_torchserves_key_and_counted(
 
 
 def test_binary_tensors_go_through_with_their_header(
-    v2_client: FlaskClient, upstream: Upstream, keys: ClientKeys
+    v2_client: TestClient, upstream: Upstream, keys: ClientKeys
 ) -> None:
     upstream.reply(INFER, ANSWER)
     raw = len(b"abc").to_bytes(4, "little") + b"abc"
@@ -71,7 +74,7 @@ def test_binary_tensors_go_through_with_their_header(
     ).encode()
     answer = v2_client.post(
         INFER,
-        data=head + raw,
+        content=head + raw,
         headers={
             "Authorization": f"Bearer {keys.keys[0].key}",
             "Content-Type": "application/octet-stream",
@@ -86,18 +89,18 @@ def test_binary_tensors_go_through_with_their_header(
 
 
 def test_keys_limits_and_refunds(
-    v2_client: FlaskClient, upstream: Upstream, keys: ClientKeys
+    v2_client: TestClient, upstream: Upstream, keys: ClientKeys
 ) -> None:
     wrong = v2_client.post(INFER, json=V2, headers={"Authorization": "Bearer nope"})
-    assert wrong.status_code == 401 and "client key" in wrong.get_json()["error"]
+    assert wrong.status_code == 401 and "client key" in wrong.json()["error"]
     upstream.reply(INFER, {"error": "bad", "error_type": "invalid_request"}, status=400)
     refused = post(v2_client, keys)
-    assert refused.status_code == 400 and refused.get_json()["error"] == "bad"
+    assert refused.status_code == 400 and refused.json()["error"] == "bad"
     assert keys.used(keys.keys[0]) == 0  # refunded
     upstream.reply(INFER, ANSWER)
     assert post(v2_client, keys).status_code == 200
     over = post(v2_client, keys)  # 6 + 6 characters > the limit of 10
-    assert over.status_code == 429 and over.get_json()["error_type"] == "quota_exceeded"
+    assert over.status_code == 429 and over.json()["error_type"] == "quota_exceeded"
     assert len(upstream.forwarded(INFER)) == 2
 
 
@@ -110,27 +113,27 @@ def test_keys_limits_and_refunds(
     ],
 )
 def test_malformed_requests_are_refused_here(
-    v2_client: FlaskClient, upstream: Upstream, keys: ClientKeys, body: Any, message: str
+    v2_client: TestClient, upstream: Upstream, keys: ClientKeys, body: Any, message: str
 ) -> None:
     answer = post(v2_client, keys, body)
-    assert answer.status_code == 400 and message in answer.get_json()["error"]
+    assert answer.status_code == 400 and message in answer.json()["error"]
     assert not upstream.forwarded(INFER)
 
 
 def test_readiness_follows_the_workers_and_the_drain(
-    v2_client: FlaskClient, upstream: Upstream, tmp_path: Path
+    v2_client: TestClient, upstream: Upstream, tmp_path: Path
 ) -> None:
     workers = [{"id": "9000", "status": "READY", "pid": 1}]
     upstream.reply(f"/models/{MODEL}", [{"modelName": MODEL, "workers": workers}])
     upstream.reply(f"/models/{MODEL}/all", [{"modelVersion": "1.0"}])
-    assert v2_client.get("/v2/health/live").get_json() == {"live": True}
-    assert v2_client.get("/v2/health/ready").get_json() == {"ready": True}
+    assert v2_client.get("/v2/health/live").json() == {"live": True}
+    assert v2_client.get("/v2/health/ready").json() == {"ready": True}
     assert v2_client.get(f"/v2/models/{MODEL}/ready").status_code == 200
     assert v2_client.get("/v2/models/other/ready").status_code == 404
-    assert v2_client.get(f"/v2/models/{MODEL}").get_json()["versions"] == ["1.0"]
+    assert v2_client.get(f"/v2/models/{MODEL}").json()["versions"] == ["1.0"]
     (tmp_path / "draining").write_text("")
     answer = v2_client.get(f"/v2/models/{MODEL}/ready")
-    assert answer.status_code == 503 and answer.get_json()["ready"] is False
+    assert answer.status_code == 503 and answer.json()["ready"] is False
     (tmp_path / "draining").unlink()
     upstream.reply(f"/models/{MODEL}", [{"modelName": MODEL, "workers": []}])
     assert v2_client.get("/v2/health/ready").status_code == 503

@@ -208,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=64,
-        help="requests served at once (each mostly waits on TorchServe; a refinement holds one "
-        "for its whole time)",
+        help="worker threads for the front end's blocking work (reading TorchServe's key file, "
+        "language detection); requests and streams are served on one event loop, however many",
     )
     translate.add_arguments(sub.choices["translate"])
     return parser

@@ -164,13 +164,12 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_web(args: argparse.Namespace) -> int:
-    # Flask, waitress and the web package load only for this command (start-up of the others).
-    from waitress import serve
-
-    from hymt_serve.core.errors import ConfigurationError  # with the web package, as above
+    # Starlette, uvicorn and the web package load only for this command (start-up of the others).
+    from hymt_serve.core.errors import ConfigurationError
     from hymt_serve.web.app import create_app, is_loopback
     from hymt_serve.web.fairness import KeyLimits
     from hymt_serve.web.keys import KEYS_FILE, ClientKeys
+    from hymt_serve.web.serving import serve
 
     server = _server(args.workdir)
     server.workdir.mkdir(parents=True, exist_ok=True)
@@ -180,11 +179,14 @@ def cmd_web(args: argparse.Namespace) -> int:
     except ConfigurationError as error:
         print(f"hymt web: {error}", file=sys.stderr)
         return 1
-    if args.requests_per_key < 1:
-        print("hymt web: --requests-per-key must be 1 or more", file=sys.stderr)
+    if args.requests_per_key < 1 or args.threads < 1:
+        option = "--requests-per-key" if args.requests_per_key < 1 else "--threads"
+        print(f"hymt web: {option} must be 1 or more", file=sys.stderr)
         return 1
     require_keys = args.require_keys or not is_loopback(args.host)
     server.web_pid_path.write_text(f"{os.getpid()}\n")  # for hymt stop
+    # uvicorn stops gracefully on SIGTERM, then raises it again: this handler ends the process
+    # through the finally below (the pid file removed).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"translation page on http://{args.host}:{args.port}/ (TorchServe key stays here)")
     print(f"LibreTranslate and DeepL compatible APIs there too, keys in {key_file}")
@@ -199,7 +201,7 @@ def cmd_web(args: argparse.Namespace) -> int:
             require_keys=require_keys,
             limits=KeyLimits(args.requests_per_key),
         )
-        serve(app, host=args.host, port=args.port, threads=args.threads)
+        serve(app, args.host, args.port, args.threads)
     finally:
         server.web_pid_path.unlink(missing_ok=True)
     return 0

@@ -6,36 +6,57 @@ request API: the JSON object the browser sent is forwarded whole, so TorchServe'
 handler's own answers (errors included) reach the browser. A single text is streamed unless the
 client says otherwise: the page receives TorchServe's newline-delimited JSON as it is generated.
 
-Who may call what (``ALWAYS_OPEN``, ``OWN_KEYS``): the page itself and the health probes are
-open. The LibreTranslate, DeepL and v2 inference APIs always ask for a client key (each in its
-API's own way). Everything else (the page's ``/api/*``, the language and model lists) is open
-when the front end listens on loopback only, and asks for a client key (``Authorization:
-Bearer <key>``, characters counted against its limit) when ``require_keys`` (``hymt web`` sets
-it for any other address). Every call to TorchServe holds an upstream slot, and each client
-key's requests in progress are bounded (:mod:`.fairness`).
+Who may call what (:mod:`.access`): the page itself and the health probes are open. The
+LibreTranslate, DeepL and v2 inference APIs always ask for a client key (each in its API's own
+way). Everything else (the page's ``/api/*``, the language and model lists) is open when the
+front end listens on loopback only, and asks for a client key (``Authorization: Bearer <key>``,
+characters counted against its limit) when ``require_keys`` (``hymt web`` sets it for any other
+address). Every call to TorchServe holds an upstream slot, and each client key's requests in
+progress are bounded (:mod:`.fairness`).
+
+The app is a Starlette (ASGI) app, served by uvicorn (``hymt web``): every request, and every
+stream relayed from TorchServe, is a coroutine on one event loop, not a thread. Its lifespan
+opens the HTTP client to TorchServe and, at the end, closes it and cancels the DeepL document
+jobs in progress.
 """
 
 from __future__ import annotations
 
 import functools
 import ipaddress
-import json
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, g, jsonify, request
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
 
-from hymt_serve.ops.launcher import Server, handler_description
+from hymt_serve.ops.launcher import Server
 from hymt_serve.request.languages import LANGUAGES
-from hymt_serve.web.compat import add_compat_routes
-from hymt_serve.web.deepl_documents import DocumentJobs, add_document_routes
+from hymt_serve.web.access import (
+    QUOTA_REACHED,
+    KeyCheck,
+    QuotaReached,
+    client_key,
+    counted,
+    held,
+)
+from hymt_serve.web.bodies import json_object
+from hymt_serve.web.compat import compat_routes
+from hymt_serve.web.deepl_documents import DocumentJobs, document_routes
 from hymt_serve.web.fairness import Busy, KeyLimits, Upstream
-from hymt_serve.web.keys import ClientKey, ClientKeys, bearer
-from hymt_serve.web.oip_routes import add_oip_routes
+from hymt_serve.web.keys import ClientKeys
+from hymt_serve.web.oip_routes import oip_routes
 from hymt_serve.web.refine import refine
-from hymt_serve.web.torchserve import forward, json_response, poster, queue_size, relay_bytes
+from hymt_serve.web.torchserve import TorchServe, json_response
 
+STATIC = Path(__file__).with_name("static")
 DEFAULT_MAX_CHARS = 4000
 DEFAULT_MAX_DOCUMENT_BYTES = 1_048_576
 DEFAULT_MAX_TEXTS = 16
@@ -49,35 +70,12 @@ PAGE_FEATURES = (
     "delimiters",
     "data_format",
 )
-# Open whoever asks: the page and its files, and the probes (a kubelet sends no key).
-ALWAYS_OPEN = frozenset({"page", "favicon", "static", "live", "server_ready", "model_ready"})
-# Routes that check their API's own client key whatever the address (LibreTranslate, DeepL, v2).
-OWN_KEYS = frozenset(
-    {
-        "libre_translate",
-        "libre_detect",
-        "deepl_translate",
-        "deepl_languages",
-        "deepl_usage",
-        "deepl_upload",
-        "deepl_document_status",
-        "deepl_document_result",
-        "infer",
-    }
-)
-QUOTA_REACHED = {
-    "error": "the character limit of this key is reached",
-    "error_type": "quota_exceeded",
+NOT_JSON = {
+    "error": "send a JSON object with the header 'Content-Type: application/json'",
+    "error_type": "invalid_request",
 }
-NEEDS_KEY = {
-    "error": "this server needs a client key: send 'Authorization: Bearer <key>' "
-    "(a key of hymt web's key file)",
-    "error_type": "unauthorized",
-}
-
-
-class QuotaReached(Exception):
-    """The client key's character limit would be passed (429 ``quota_exceeded``)."""
+# Starlette's own refusals (no such route, a method the route lacks), as JSON.
+HTTP_ERROR_TYPES = {404: "not_found", 405: "method_not_allowed"}
 
 
 def create_app(
@@ -89,123 +87,158 @@ def create_app(
     require_keys: bool = False,
     upstream: Upstream | None = None,
     limits: KeyLimits | None = None,
-) -> Flask:
-    """The Flask app for the page of TorchServe ``server`` serving ``model`` (and, for
+) -> Starlette:
+    """The app for the page of TorchServe ``server`` serving ``model`` (and, for
     ``/api/refine``, the Hunyuan-MT-Chimera model named ``refine_model``); with
-    ``client_keys``, also the LibreTranslate and DeepL compatible APIs (:mod:`.compat`).
-    ``require_keys``: every route but ``ALWAYS_OPEN`` needs a client key (``client_keys``
-    required then)."""
+    ``client_keys``, also the LibreTranslate, DeepL and v2 APIs (:mod:`.compat`,
+    :mod:`.oip_routes`). ``require_keys``: every route but ``access.ALWAYS_OPEN`` needs a
+    client key (``client_keys`` required then). ``upstream``: the slots of the calls to
+    TorchServe (by default sized from ``model``'s job queue); ``limits``: each key's requests
+    in progress. The app's state holds the pieces a route module needs: ``torchserve``,
+    ``limits``, ``client_keys``."""
     if require_keys and client_keys is None:
         raise ValueError("require_keys needs client_keys")
-    app = Flask(__name__, static_folder="static", static_url_path="/static")
-    predictions = f"{server.inference_url()}/predictions/{model}"
-    upstream = upstream or Upstream(functools.partial(queue_size, server, model))
     limits = limits or KeyLimits()
-    post = poster(server, upstream)
+    torchserve = TorchServe(server)
+    torchserve.upstream = upstream or Upstream(functools.partial(torchserve.queue_size, model))
+    routes = _page_routes(torchserve, model, refine_model, client_keys, limits)
+    jobs: DocumentJobs | None = None
     if client_keys is not None:
-        known: dict[str, int] = {}
+        max_texts = _max_texts(torchserve, model)
+        routes += compat_routes(torchserve.post, model, client_keys, max_texts, limits)
+        jobs = DocumentJobs(torchserve.post, model, client_keys)
+        routes += document_routes(jobs, client_keys)
+        routes += oip_routes(torchserve, model, client_keys, limits)
 
-        def max_texts() -> int:
-            """The handler's texts per request (read once it answers; 16 until then)."""
-            if "max_texts" not in known:
-                settings = handler_description(server, model).get("settings")
-                if isinstance(settings, dict) and "max_texts_per_request" in settings:
-                    known["max_texts"] = int(settings["max_texts_per_request"])
-            return known.get("max_texts", DEFAULT_MAX_TEXTS)
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        torchserve.open()
+        try:
+            yield
+        finally:
+            if jobs is not None:
+                await jobs.close()
+            await torchserve.close()
 
-        add_compat_routes(app, post, model, client_keys, max_texts, limits)
-        jobs = DocumentJobs(post, model, client_keys)
-        add_document_routes(app, jobs, client_keys)
-        relay = functools.partial(relay_bytes, server, upstream)
-        add_oip_routes(app, server, model, client_keys, relay, limits)
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(KeyCheck, routes, client_keys if require_keys else None)],
+        exception_handlers={
+            QuotaReached: _quota_reached,
+            Busy: _busy,
+            HTTPException: _http_error,
+        },
+        lifespan=lifespan,
+    )
+    app.state.torchserve, app.state.limits, app.state.client_keys = torchserve, limits, client_keys
+    return app
 
-    @app.before_request
-    def check_key() -> Any:
-        """Where keys are required, the key of every request outside the open routes."""
-        g.client_key = None
-        endpoint = request.endpoint or ""
-        if not require_keys or endpoint in ALWAYS_OPEN or endpoint in OWN_KEYS:
-            return None
-        assert client_keys is not None  # checked above: require_keys needs them
-        g.client_key = client_keys.find(bearer(request.headers.get("Authorization", "")))
-        if g.client_key is None:
-            return json_response(NEEDS_KEY, 401)
-        return None
 
-    @app.errorhandler(QuotaReached)
-    def quota_reached(_error: QuotaReached) -> Response:
-        return json_response(QUOTA_REACHED, 429)
+def _page_routes(
+    torchserve: TorchServe,
+    model: str,
+    refine_model: str | None,
+    client_keys: ClientKeys | None,
+    limits: KeyLimits,
+) -> list[BaseRoute]:
+    """The page, its files and its API (``/api/*``)."""
 
-    @app.errorhandler(Busy)
-    def busy(error: Busy) -> Response:
-        response = json_response(error.body(), error.status)
-        response.headers["Retry-After"] = str(error.retry_after)
-        return response
+    async def page(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html")
 
-    @app.get("/")
-    def page() -> Any:
-        return app.send_static_file("index.html")
-
-    @app.get("/favicon.ico", endpoint="favicon")
-    def favicon() -> Any:
+    async def favicon(request: Request) -> Response:
         # Browsers ask for /favicon.ico whatever the page links; the SVG serves both.
-        return app.send_static_file("favicon.svg")
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
 
-    @app.get("/api/config")
-    def config() -> Any:
+    async def config(request: Request) -> Response:
         languages = [
             {"code": lang.code, "english": lang.english, "chinese": lang.chinese}
             for lang in LANGUAGES.values()
         ]
-        described = handler_description(server, model)
-        return jsonify(
-            languages=languages,
-            max_chars=_setting(described, "max_chars_per_text", DEFAULT_MAX_CHARS),
-            max_document_bytes=_setting(
-                described, "max_document_bytes", DEFAULT_MAX_DOCUMENT_BYTES
-            ),
-            demo_model=_demo_model(described),
-            model=model,
-            family=_family(described),
-            features=_features(described),
-            refine=refine_model is not None,
+        described = await torchserve.handler_description(model)
+        return json_response(
+            {
+                "languages": languages,
+                "max_chars": _setting(described, "max_chars_per_text", DEFAULT_MAX_CHARS),
+                "max_document_bytes": _setting(
+                    described, "max_document_bytes", DEFAULT_MAX_DOCUMENT_BYTES
+                ),
+                "demo_model": _demo_model(described),
+                "model": model,
+                "family": _family(described),
+                "features": _features(described),
+                "refine": refine_model is not None,
+            }
         )
 
-    @app.post("/api/translate")
-    def translate() -> Any:
-        body = _json_object()
+    async def translate(request: Request) -> Response:
+        body = await json_object(request)
         if body is None:
-            return jsonify(
-                error="send a JSON object with the header 'Content-Type: application/json'",
-                error_type="invalid_request",
-            ), 400
-        key: ClientKey | None = g.client_key
-        with _held(limits, key), _counted(client_keys, key, _characters(body)) as outcome:
-            answer = forward(server, upstream, predictions, _with_default_stream(body))
+            return json_response(NOT_JSON, 400)
+        key = client_key(request)
+        with held(limits, key), counted(client_keys, key, _characters(body)) as outcome:
+            answer = await torchserve.forward(model, _with_default_stream(body))
             outcome.append(answer.status_code)
             return answer
 
-    @app.post("/api/refine")
-    def refine_translation() -> Any:
+    async def refine_translation(request: Request) -> Response:
         """Candidates from the translation model, refined by Chimera (:mod:`.refine`)."""
         if refine_model is None:
-            return jsonify(
-                error="refinement is not enabled: start hymt web with --refine-model NAME",
-                error_type="not_found",
-            ), 404
-        body = _json_object()
+            return json_response(
+                {
+                    "error": "refinement is not enabled: start hymt web with --refine-model NAME",
+                    "error_type": "not_found",
+                },
+                404,
+            )
+        body = await json_object(request)
         if body is None:
-            return jsonify(
-                error="send a JSON object with the header 'Content-Type: application/json'",
-                error_type="invalid_request",
-            ), 400
-        key: ClientKey | None = g.client_key
-        with _held(limits, key), _counted(client_keys, key, _characters(body)) as outcome:
-            status, answer = refine(body, post, model, refine_model)
+            return json_response(NOT_JSON, 400)
+        key = client_key(request)
+        with held(limits, key), counted(client_keys, key, _characters(body)) as outcome:
+            status, answer = await refine(body, torchserve.post, model, refine_model)
             outcome.append(status)
-        return jsonify(answer), status
+        return json_response(answer, status)
 
-    return app
+    return [
+        Route("/", page, methods=["GET"]),
+        Route("/favicon.ico", favicon, methods=["GET"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        Route("/api/config", config, methods=["GET"]),
+        Route("/api/translate", translate, methods=["POST"]),
+        Route("/api/refine", refine_translation, methods=["POST"]),
+    ]
+
+
+def _max_texts(torchserve: TorchServe, model: str) -> Any:
+    """The handler's texts per request, read once it answers (16 until then)."""
+    known: dict[str, int] = {}
+
+    async def max_texts() -> int:
+        if "max_texts" not in known:
+            settings = (await torchserve.handler_description(model)).get("settings")
+            if isinstance(settings, dict) and "max_texts_per_request" in settings:
+                known["max_texts"] = int(settings["max_texts_per_request"])
+        return known.get("max_texts", DEFAULT_MAX_TEXTS)
+
+    return max_texts
+
+
+async def _quota_reached(request: Request, error: Exception) -> Response:
+    return json_response(QUOTA_REACHED, 429)
+
+
+async def _busy(request: Request, error: Exception) -> Response:
+    assert isinstance(error, Busy)
+    return json_response(error.body(), error.status, {"Retry-After": str(error.retry_after)})
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    kind = HTTP_ERROR_TYPES.get(error.status_code, "invalid_request")
+    return json_response(
+        {"error": error.detail, "error_type": kind}, error.status_code, error.headers
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -224,42 +257,6 @@ def _with_default_stream(body: dict[str, Any]) -> dict[str, Any]:
     if "stream" not in body and isinstance(body.get("text"), str):
         return {**body, "stream": True}
     return body
-
-
-def _json_object() -> dict[str, Any] | None:
-    """The request's JSON object, or None when the body is not one."""
-    if not request.is_json:
-        return None
-    try:
-        body = json.loads(request.get_data())
-    except (ValueError, RecursionError):
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def _held(limits: KeyLimits, key: ClientKey | None) -> AbstractContextManager[None]:
-    """One request in progress for ``key`` (nothing counted without a key: on loopback the
-    front end cannot tell its clients apart)."""
-    return limits.hold(f"key:{key.name}") if key is not None else nullcontext()
-
-
-@contextmanager
-def _counted(
-    keys: ClientKeys | None, key: ClientKey | None, characters: int
-) -> Iterator[list[int]]:
-    """Count ``characters`` against ``key`` (QuotaReached past its limit); given back
-    unless the block appends a 200 to the list it gets. Nothing counted without a key."""
-    outcome: list[int] = []
-    if key is None or keys is None:
-        yield outcome
-        return
-    if not keys.reserve(key, characters):
-        raise QuotaReached()
-    try:
-        yield outcome
-    finally:
-        if outcome != [200]:
-            keys.refund(key, characters)
 
 
 def _characters(body: dict[str, Any]) -> int:

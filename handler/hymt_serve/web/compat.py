@@ -19,15 +19,21 @@ that have it. LibreTranslate's ``auto`` and DeepL without ``source_lang`` are ou
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from flask import Flask, Response, jsonify, request
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 
 from hymt_serve.request.detect import detect
 from hymt_serve.request.languages import LANGUAGES, Language, lookup
+from hymt_serve.web.access import client_name
+from hymt_serve.web.bodies import BadBody, fields
 from hymt_serve.web.fairness import BULK_CHUNK, RETRY_AFTER_S, Busy, KeyLimits, Post, fan_out
 from hymt_serve.web.keys import ClientKey, ClientKeys
+from hymt_serve.web.torchserve import json_response
 
 # LibreTranslate's code for traditional Chinese.
 LIBRE_ALIASES = {"zt": "zh-Hant"}
@@ -65,26 +71,23 @@ class CompatError(Exception):
     def from_busy(cls, busy: Busy) -> CompatError:
         return cls(busy.status, busy.message, busy.retry_after)
 
-    def answer(self, field: str) -> tuple[Response, int]:
+    def answer(self, field: str) -> Response:
         """The error as ``{field: message}`` with its status (and Retry-After when set)."""
-        response = jsonify({field: self.message})
-        if self.retry_after is not None:
-            response.headers["Retry-After"] = str(self.retry_after)
-        return response, self.status
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return json_response({field: self.message}, self.status, headers)
 
 
-def add_compat_routes(
-    app: Flask,
+def compat_routes(
     post: Post,
     model: str,
     keys: ClientKeys,
-    max_texts: Callable[[], int],
+    max_texts: Callable[[], Awaitable[int]],
     limits: KeyLimits,
-) -> None:
-    """LibreTranslate's and DeepL's routes on ``app``, translating with ``model`` (each key's
-    requests in progress bounded by ``limits``)."""
+) -> list[BaseRoute]:
+    """LibreTranslate's and DeepL's routes, translating with ``model`` (each key's requests in
+    progress bounded by ``limits``)."""
 
-    def translate(
+    async def translate(
         key: ClientKey, texts: list[str], fields: dict[str, Any], over_quota: CompatError
     ) -> list[dict[str, Any]]:
         if len(texts) > MAX_TEXTS:
@@ -93,22 +96,21 @@ def add_compat_routes(
                 f"{len(texts)} texts in one request; at most {MAX_TEXTS}: send them in several",
             )
         try:
-            with limits.hold(f"key:{key.name}"):
+            with limits.hold(client_name(key)):
                 characters = sum(len(text) for text in texts)
                 if not keys.reserve(key, characters):
                     raise over_quota
                 try:
-                    return _translate(post, model, texts, fields, max_texts())
+                    return await _translate(post, model, texts, fields, await max_texts())
                 except (CompatError, Busy):
                     keys.refund(key, characters)
                     raise
         except Busy as busy:
             raise CompatError.from_busy(busy) from None
 
-    @app.post("/translate")
-    def libre_translate() -> Any:
+    async def libre_translate(request: Request) -> Response:
         try:
-            params = _params()
+            params = await api_params(request)
             key = keys.find(_text_param(params, "api_key"))
             if key is None:
                 raise CompatError(403, "Invalid API key")
@@ -121,7 +123,7 @@ def add_compat_routes(
             if format_ == "html":
                 fields["preserve_format"] = "html"
             quota = CompatError(429, "Character limit of this API key reached")
-            out = translate(key, texts, fields, quota)
+            out = await translate(key, texts, fields, quota)
         except CompatError as error:
             return error.answer("error")
         translated = [item["text"] for item in out]
@@ -131,12 +133,11 @@ def add_compat_routes(
         if fields.get("source_lang") == "auto":
             found = [_libre_detected(item.get("detected")) for item in out]
             reply["detectedLanguage"] = found[0] if isinstance(q, str) else found
-        return jsonify(reply)
+        return json_response(reply)
 
-    @app.post("/detect")
-    def libre_detect() -> Any:
+    async def libre_detect(request: Request) -> Response:
         try:
-            params = _params()
+            params = await api_params(request)
             if keys.find(_text_param(params, "api_key")) is None:
                 raise CompatError(403, "Invalid API key")
             q = _text_param(params, "q")
@@ -144,93 +145,92 @@ def add_compat_routes(
                 raise CompatError(400, "Invalid request: missing q parameter")
         except CompatError as error:
             return error.answer("error")
-        found = detect(q)
+        found = await anyio.to_thread.run_sync(detect, q)  # CPU work: off the event loop
         if found is None:
-            return jsonify([])
-        return jsonify(
+            return json_response([])
+        return json_response(
             [{"confidence": round(found.confidence * 100, 1), "language": found.language}]
         )
 
-    @app.get("/languages")
-    def libre_languages() -> Any:
+    async def libre_languages(request: Request) -> Response:
         codes = [lang.code for lang in LANGUAGES.values()]
-        return jsonify(
+        return json_response(
             [
                 {"code": lang.code, "name": lang.english, "targets": codes}
                 for lang in LANGUAGES.values()
             ]
         )
 
-    def deepl_key() -> ClientKey:
-        return deepl_client_key(keys)
-
-    @app.post("/v2/translate")
-    def deepl_translate() -> Any:
+    async def deepl_translate(request: Request) -> Response:
         try:
-            key = deepl_key()
-            params = _params()
+            key = await deepl_client_key(request, keys)
+            params = await api_params(request)
             texts = _texts(params.get("text"), "Parameter 'text' not specified.")
             fields, source = deepl_fields(params)
-            out = translate(key, texts, fields, CompatError(456, "Quota Exceeded"))
+            out = await translate(key, texts, fields, CompatError(456, "Quota Exceeded"))
         except CompatError as error:
             return error.answer("message")
-        return jsonify(
-            translations=[
-                {
-                    "detected_source_language": source or _deepl_detected(item.get("detected")),
-                    "text": item["text"],
-                    "billed_characters": len(src),
-                }
-                for item, src in zip(out, texts, strict=True)
-            ]
+        return json_response(
+            {
+                "translations": [
+                    {
+                        "detected_source_language": source or _deepl_detected(item.get("detected")),
+                        "text": item["text"],
+                        "billed_characters": len(src),
+                    }
+                    for item, src in zip(out, texts, strict=True)
+                ]
+            }
         )
 
-    @app.route("/v2/languages", methods=["GET", "POST"])
-    def deepl_languages() -> Any:
+    async def deepl_languages(request: Request) -> Response:
         try:
-            deepl_key()
+            await deepl_client_key(request, keys)
+            kind = _text_param(await api_params(request), "type") or "source"
         except CompatError as error:
             return error.answer("message")
-        kind = _text_param(_params(), "type") or "source"
         if kind not in ("source", "target"):
-            return jsonify(message="Value for 'type' not supported."), 400
-        return jsonify(_deepl_language_list(kind))
+            return json_response({"message": "Value for 'type' not supported."}, 400)
+        return json_response(_deepl_language_list(kind))
 
-    @app.route("/v2/usage", methods=["GET", "POST"])
-    def deepl_usage() -> Any:
+    async def deepl_usage(request: Request) -> Response:
         try:
-            key = deepl_key()
+            key = await deepl_client_key(request, keys)
         except CompatError as error:
             return error.answer("message")
-        return jsonify(character_count=keys.used(key), character_limit=key.character_limit)
+        return json_response(
+            {"character_count": keys.used(key), "character_limit": key.character_limit}
+        )
+
+    return [
+        Route("/translate", libre_translate, methods=["POST"]),
+        Route("/detect", libre_detect, methods=["POST"]),
+        Route("/languages", libre_languages, methods=["GET"]),
+        Route("/v2/translate", deepl_translate, methods=["POST"]),
+        Route("/v2/languages", deepl_languages, methods=["GET", "POST"]),
+        Route("/v2/usage", deepl_usage, methods=["GET", "POST"]),
+    ]
 
 
-def deepl_client_key(keys: ClientKeys) -> ClientKey:
+async def deepl_client_key(request: Request, keys: ClientKeys) -> ClientKey:
     """The request's DeepL key (``Authorization: DeepL-Auth-Key ...`` or ``auth_key``);
     CompatError 403 when it is not one of ``keys``."""
     header = request.headers.get("Authorization", "")
     offered = (
         header.removeprefix("DeepL-Auth-Key ") if header.startswith("DeepL-Auth-Key ") else None
     )
-    key = keys.find(offered or _text_param(_params(), "auth_key"))
+    key = keys.find(offered or _text_param(await api_params(request), "auth_key"))
     if key is None:
         raise CompatError(403, "Authorization failure, check auth_key")
     return key
 
 
-def _params() -> dict[str, Any]:
-    """The request's parameters: a JSON object, or form and query fields (lists kept)."""
-    if request.is_json:
-        body = request.get_json(silent=True)
-        if not isinstance(body, dict):
-            raise CompatError(400, "the body is not a JSON object")
-        return body
-    params: dict[str, Any] = {}
-    for source in (request.args, request.form):
-        for name in source:
-            values = source.getlist(name)
-            params[name] = values if name == "text" or len(values) > 1 else values[0]
-    return params
+async def api_params(request: Request) -> dict[str, Any]:
+    """The request's parameters (:func:`.bodies.fields`); CompatError 400 when unreadable."""
+    try:
+        return await fields(request)
+    except BadBody as error:
+        raise CompatError(400, str(error)) from None
 
 
 def _texts(value: Any, missing: str) -> list[str]:
@@ -337,7 +337,7 @@ def _deepl_language_list(kind: str) -> list[dict[str, Any]]:
     return listed
 
 
-def _translate(
+async def _translate(
     post: Post, model: str, texts: Sequence[str], fields: dict[str, Any], max_texts: int
 ) -> list[dict[str, Any]]:
     """Our API's translation items for ``texts`` (``text``, and ``detected`` with ``auto``):
@@ -347,7 +347,7 @@ def _translate(
     chunks = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
     bodies = [{**fields, "text": chunk, "stream": False} for chunk in chunks]
     out: list[dict[str, Any]] = []
-    for status, answer in fan_out(post, model, bodies):
+    for status, answer in await fan_out(post, model, bodies):
         if status != 200:
             message = str(answer.get("error") or f"HTTP {status}")
             kind = answer.get("error_type", "")

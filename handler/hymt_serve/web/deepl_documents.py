@@ -1,6 +1,6 @@
 """DeepL's document API (v2) on the web front end: upload a file, poll its status, download the
 translation; each file becomes one document request of our API (:mod:`hymt_serve.request.
-documents`), run on a small pool of threads.
+documents`), run as a task on the event loop, ``WORKERS`` at a time.
 
 - ``POST /v2/document`` (multipart: ``file``, ``target_lang``, ``source_lang``, ``filename``)
   -> ``{"document_id", "document_key"}``; files ``.txt``, ``.md``, ``.html``/``.htm`` and
@@ -22,21 +22,25 @@ are given back if the translation fails.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-import threading
 import time
 import unicodedata
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 from urllib.parse import quote
 
-from flask import Flask, Response, jsonify, request
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 
-from hymt_serve.web.compat import CompatError, deepl_client_key, deepl_fields
+from hymt_serve.web.bodies import is_json, json_object
+from hymt_serve.web.compat import CompatError, api_params, deepl_client_key, deepl_fields
 from hymt_serve.web.fairness import Busy, Post
 from hymt_serve.web.keys import ClientKey, ClientKeys
+from hymt_serve.web.torchserve import json_response
 
 FORMATS = {".txt": "text", ".md": "markdown", ".markdown": "markdown", ".html": "html"}
 FORMATS |= {".htm": "html", ".srt": "srt"}
@@ -70,13 +74,20 @@ class _Job:
 
 
 class DocumentJobs:
-    """The uploaded documents and their translations, by document id."""
+    """The uploaded documents and their translations, by document id (used on the event loop
+    only: no lock)."""
 
     def __init__(self, post: Post, model: str, keys: ClientKeys) -> None:
         self._post, self._model, self._keys = post, model, keys
         self._jobs: dict[str, _Job] = {}
-        self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="hymt-deepl-document")
+        self._tasks: set[asyncio.Task[None]] = set()  # kept: the loop holds tasks weakly
+        self._turns: asyncio.Semaphore | None = None  # WORKERS translating at once
+
+    async def close(self) -> None:
+        """Cancel the translations in progress (the front end stops: jobs live in memory)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def submit(
         self, key: ClientKey, filename: str, text: str, fields: dict[str, Any]
@@ -84,16 +95,17 @@ class DocumentJobs:
         """Queue ``text`` (the file's content) for translation: (document id, document key).
         Raises CompatError (quota, too many jobs)."""
         kind = FORMATS[PurePath(filename).suffix.lower()]
-        with self._lock:
-            self._forget_old()
-            self._check_room(key)
-            if not self._keys.reserve(key, len(text)):
-                raise CompatError(456, "Quota for this billing period has been exceeded.")
-            document_id = secrets.token_hex(16)
-            job = _Job(secrets.token_urlsafe(32), key.name, filename, len(text))
-            self._jobs[document_id] = job
+        self._forget_old()
+        self._check_room(key)
+        if not self._keys.reserve(key, len(text)):
+            raise CompatError(456, "Quota for this billing period has been exceeded.")
+        document_id = secrets.token_hex(16)
+        job = _Job(secrets.token_urlsafe(32), key.name, filename, len(text))
+        self._jobs[document_id] = job
         body = {**fields, "document": text, "format": kind, "stream": False}
-        self._pool.submit(self._run, job, body, key)
+        task = asyncio.get_running_loop().create_task(self._run(job, body, key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         return document_id, job.key
 
     def _check_room(self, key: ClientKey) -> None:
@@ -115,11 +127,17 @@ class DocumentJobs:
         if len(self._jobs) >= MAX_JOBS:
             raise CompatError(429, "Too many documents in progress, try again later.")
 
-    def _run(self, job: _Job, body: dict[str, Any], key: ClientKey) -> None:
-        """Translate on a pool thread; the status is set last, after what it announces."""
+    async def _run(self, job: _Job, body: dict[str, Any], key: ClientKey) -> None:
+        """Translate, once a turn comes; the status is set last, after what it announces."""
+        if self._turns is None:
+            self._turns = asyncio.Semaphore(WORKERS)
+        async with self._turns:
+            await self._translate(job, body, key)
+
+    async def _translate(self, job: _Job, body: dict[str, Any], key: ClientKey) -> None:
         job.status = "translating"
         try:
-            status, answer = self._post(self._model, body, bulk=True)  # a document is bulk work
+            status, answer = await self._post(self._model, body, bulk=True)  # bulk work
         except Busy as busy:
             status, answer = busy.status, busy.body()
         except Exception as error:  # a job must end, whatever happened
@@ -136,8 +154,7 @@ class DocumentJobs:
     def find(self, document_id: str, document_key: str | None, key: ClientKey) -> _Job:
         """The job, or CompatError 404 (unknown id, the wrong document key, or a job that
         another client key uploaded)."""
-        with self._lock:
-            job = self._jobs.get(document_id)
+        job = self._jobs.get(document_id)
         if (
             job is None
             or not document_key
@@ -152,9 +169,8 @@ class DocumentJobs:
         CompatError 503 before it is done."""
         if job.status != "done":
             raise CompatError(503, "Document translation is not done yet.")
-        with self._lock:
-            if job.downloaded is None:
-                job.downloaded = time.monotonic()
+        if job.downloaded is None:
+            job.downloaded = time.monotonic()
         return job.result
 
     def _forget_old(self) -> None:
@@ -164,37 +180,38 @@ class DocumentJobs:
                 del self._jobs[document_id]
 
 
-def add_document_routes(app: Flask, jobs: DocumentJobs, keys: ClientKeys) -> None:
-    """DeepL's document routes on ``app``, with the keys and parameters of ``/v2/translate``."""
+def document_routes(jobs: DocumentJobs, keys: ClientKeys) -> list[BaseRoute]:
+    """DeepL's document routes, with the keys and parameters of ``/v2/translate``."""
 
-    @app.post("/v2/document")
-    def deepl_upload() -> Any:
+    async def deepl_upload(request: Request) -> Response:
         try:
-            key = deepl_client_key(keys)
-            upload = request.files.get("file")
-            if upload is None:
+            key = await deepl_client_key(request, keys)
+            form = await api_params(request)
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
                 raise CompatError(400, "Parameter 'file' not specified.")
-            filename = request.form.get("filename") or upload.filename or ""
+            filename = _text(form.get("filename")) or upload.filename or ""
             if PurePath(filename).suffix.lower() not in FORMATS:
                 raise CompatError(400, "Invalid file data or unsupported file type.")
-            data = upload.read(MAX_FILE_BYTES + 1)
+            data = await upload.read(MAX_FILE_BYTES + 1)
             if len(data) > MAX_FILE_BYTES:
                 raise CompatError(413, "Document too large.")
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError:
                 raise CompatError(400, "The document is not UTF-8 text.") from None
-            fields, _ = deepl_fields(request.form.to_dict())
+            fields, _ = deepl_fields({k: v for k, v in form.items() if isinstance(v, str)})
             fields.pop("preserve_format", None)  # a document keeps its format itself
             document_id, document_key = jobs.submit(key, filename, text, fields)
         except CompatError as error:
             return error.answer("message")
-        return jsonify(document_id=document_id, document_key=document_key)
+        return json_response({"document_id": document_id, "document_key": document_key})
 
-    @app.post("/v2/document/<document_id>")
-    def deepl_document_status(document_id: str) -> Any:
+    async def deepl_document_status(request: Request) -> Response:
+        document_id = request.path_params["document_id"]
         try:
-            job = jobs.find(document_id, _document_key(), deepl_client_key(keys))
+            key = await deepl_client_key(request, keys)
+            job = jobs.find(document_id, await _document_key(request), key)
         except CompatError as error:
             return error.answer("message")
         answer: dict[str, Any] = {"document_id": document_id, "status": job.status}
@@ -202,29 +219,38 @@ def add_document_routes(app: Flask, jobs: DocumentJobs, keys: ClientKeys) -> Non
             answer["billed_characters"] = job.characters
         if job.status == "error":
             answer["error_message"] = job.error
-        return jsonify(answer)
+        return json_response(answer)
 
-    @app.post("/v2/document/<document_id>/result")
-    def deepl_document_result(document_id: str) -> Any:
+    async def deepl_document_result(request: Request) -> Response:
         try:
-            job = jobs.find(document_id, _document_key(), deepl_client_key(keys))
+            key = await deepl_client_key(request, keys)
+            job = jobs.find(request.path_params["document_id"], await _document_key(request), key)
             content = jobs.take(job)
         except CompatError as error:
             return error.answer("message")
         kind = FORMATS[PurePath(job.filename).suffix.lower()]
         return Response(
             content,
-            mimetype=MEDIA_TYPES[kind],
+            media_type=MEDIA_TYPES[kind],
             headers={"Content-Disposition": content_disposition(job.filename)},
         )
 
+    return [
+        Route("/v2/document", deepl_upload, methods=["POST"]),
+        Route("/v2/document/{document_id}", deepl_document_status, methods=["POST"]),
+        Route("/v2/document/{document_id}/result", deepl_document_result, methods=["POST"]),
+    ]
 
-def _document_key() -> str | None:
-    body = request.get_json(silent=True) if request.is_json else None
-    if isinstance(body, dict):
-        value = body.get("document_key")
-        return value if isinstance(value, str) else None
-    return request.form.get("document_key")
+
+async def _document_key(request: Request) -> str | None:
+    if is_json(request):
+        body = await json_object(request)
+        return _text(body.get("document_key")) if body is not None else None
+    return _text((await api_params(request)).get("document_key"))
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def content_disposition(filename: str) -> str:

@@ -11,7 +11,7 @@ never lets its own calls fill the queue, and never lets one client take the serv
 - Bulk: a request with more texts than one call takes (a LibreTranslate or DeepL list) is sent
   by ``fan_out`` in chunks of at most ``BULK_CHUNK`` texts, its calls marked bulk. Bulk calls
   have a gate of their own in ``Upstream``: up to ``BULK_ALONE`` of them in flight once no
-  other call has been for ``QUIET_S``, and ``BULK_SHARED`` (one) while others come. A
+  other call has been for ``QUIET_S``, and ``BULK_SHARED`` (two) while others come. A
   huge request runs at the server's pace on an idle server and takes longer on a busy one; it
   never takes the batch from others. Each request also has at most ``window`` chunks in flight,
   and a chunk that TorchServe refuses as busy is sent again (``BUSY_RETRIES`` times, backing
@@ -22,15 +22,19 @@ never lets its own calls fill the queue, and never lets one client take the serv
 
 :class:`Busy` carries the status, the message and the seconds to wait; the routes turn it into
 their API's error shape.
+
+Everything here runs on the front end's one event loop: a call waiting for a slot is a
+suspended coroutine, not a thread, and the counts need no lock (they change between awaits
+only). ``Upstream.release`` and ``KeyLimits.hold`` never await, so a cancelled stream gives its
+slot back in a ``finally`` whatever cancelled it.
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, Protocol
 
 Answer = tuple[int, dict[str, Any]]  # (HTTP status, JSON object)
@@ -39,7 +43,7 @@ Answer = tuple[int, dict[str, Any]]  # (HTTP status, JSON object)
 class Post(Protocol):
     """A call of ``model``'s predictions with ``body`` (``bulk``: one chunk of a fan-out)."""
 
-    def __call__(self, model: str, body: dict[str, Any], *, bulk: bool = False) -> Answer: ...
+    async def __call__(self, model: str, body: dict[str, Any], *, bulk: bool = False) -> Answer: ...
 
 
 DEFAULT_QUEUE = 100  # TorchServe's job_queue_size when the model does not say
@@ -80,85 +84,104 @@ class Upstream:
     then: ``DEFAULT_QUEUE`` meanwhile, asked again ``ASK_EVERY_S`` later)."""
 
     def __init__(
-        self, queue_size: Callable[[], int | None] | None = None, wait_s: float = WAIT_S
+        self,
+        queue_size: Callable[[], Awaitable[int | None]] | None = None,
+        wait_s: float = WAIT_S,
     ) -> None:
         self._queue_size = queue_size
         self._limit: int | None = None
         self._asked = -ASK_EVERY_S
+        self._asking: asyncio.Future[int | None] | None = None  # the question in flight
         self._in_flight = 0
         self._bulk = 0  # of them bulk calls
         self._other_seen = -QUIET_S  # when a call that is not bulk last ended
         self._waiting = 0
         self._wait_s = wait_s
-        self._free = threading.Condition()
+        # Set (and replaced) at each release: every waiter looks again. Made on the loop.
+        self._freed: asyncio.Event | None = None
 
-    @property
-    def limit(self) -> int:
-        """``UPSTREAM_SHARE`` of the model's job queue (of ``DEFAULT_QUEUE`` until known)."""
+    async def limit(self) -> int:
+        """``UPSTREAM_SHARE`` of the model's job queue (of ``DEFAULT_QUEUE`` until known). While
+        TorchServe is being asked, every caller waits for that one answer."""
         if self._limit is not None:
             return self._limit
         now = time.monotonic()
-        if self._queue_size is not None and now - self._asked >= ASK_EVERY_S:
+        due = now - self._asked >= ASK_EVERY_S
+        if self._asking is None and self._queue_size is not None and due:
             self._asked = now
-            known = self._queue_size()
+            self._asking = asyncio.ensure_future(self._queue_size())
+        if self._asking is not None:
+            asking = self._asking
+            try:  # shielded: one caller cancelled leaves the answer to the others
+                known = await asyncio.shield(asking)
+            finally:
+                if asking.done() and self._asking is asking:
+                    self._asking = None
             if known is not None and known > 0:
                 self._limit = max(1, int(known * UPSTREAM_SHARE))
                 return self._limit
         return max(1, int(DEFAULT_QUEUE * UPSTREAM_SHARE))
 
-    def acquire(self, bulk: bool = False) -> None:
+    async def acquire(self, bulk: bool = False) -> None:
         """Take a slot (a ``bulk`` one through the bulk gate too), waiting up to ``wait_s``
         (``BULK_WAIT_S`` for bulk) for one; Busy(503) when none came."""
-        limit = self.limit
+        limit = await self.limit()
         deadline = time.monotonic() + (BULK_WAIT_S if bulk else self._wait_s)
-        with self._free:
-            self._waiting += 1
-            try:
-                while self._in_flight >= limit or (bulk and not self._bulk_may_go()):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise Busy(
-                            503,
-                            f"the translation server is busy ({self._in_flight} calls in "
-                            f"progress, {self._waiting} waiting): retry in a moment",
-                        )
-                    self._free.wait(min(left, QUIET_S) if bulk else left)
-                self._in_flight += 1
-                self._bulk += bulk
-            finally:
-                self._waiting -= 1
+        self._waiting += 1
+        try:
+            while self._in_flight >= limit or (bulk and not self._bulk_may_go()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Busy(
+                        503,
+                        f"the translation server is busy ({self._in_flight} calls in "
+                        f"progress, {self._waiting} waiting): retry in a moment",
+                    )
+                # bulk looks again after QUIET_S: the others may have gone quiet meanwhile
+                await self._released(min(left, QUIET_S) if bulk else left)
+            self._in_flight += 1
+            self._bulk += bulk
+        finally:
+            self._waiting -= 1
+
+    async def _released(self, timeout: float) -> None:
+        """Until the next release, or ``timeout`` seconds."""
+        if self._freed is None:
+            self._freed = asyncio.Event()
+        with suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._freed.wait(), timeout)
 
     def _bulk_may_go(self) -> bool:
         """One more bulk call: up to BULK_ALONE while no other call has been in flight for
-        ``QUIET_S``, else BULK_SHARED (the lock held)."""
+        ``QUIET_S``, else BULK_SHARED."""
         alone = self._in_flight == self._bulk and time.monotonic() - self._other_seen >= QUIET_S
         return self._bulk < (BULK_ALONE if alone else BULK_SHARED)
 
     def release(self, bulk: bool = False) -> None:
-        with self._free:
-            self._in_flight -= 1
-            self._bulk -= bulk
-            if not bulk:
-                self._other_seen = time.monotonic()
-            self._free.notify_all()  # waiters differ in what they wait for
+        """Give a slot back (never awaits: safe in a ``finally`` of a cancelled task)."""
+        self._in_flight -= 1
+        self._bulk -= bulk
+        if not bulk:
+            self._other_seen = time.monotonic()
+        if self._freed is not None:  # waiters differ in what they wait for: wake them all
+            self._freed.set()
+            self._freed = None
 
-    @contextmanager
-    def slot(self, bulk: bool = False) -> Iterator[None]:
-        self.acquire(bulk)
+    @asynccontextmanager
+    async def slot(self, bulk: bool = False) -> AsyncIterator[None]:
+        await self.acquire(bulk)
         try:
             yield
         finally:
             self.release(bulk)
 
-    def counts(self) -> dict[str, int]:
-        limit = self.limit  # may ask TorchServe: not under the lock
-        with self._free:
-            return {
-                "in_flight": self._in_flight,
-                "bulk": self._bulk,
-                "waiting": self._waiting,
-                "limit": limit,
-            }
+    async def counts(self) -> dict[str, int]:
+        return {
+            "in_flight": self._in_flight,
+            "bulk": self._bulk,
+            "waiting": self._waiting,
+            "limit": await self.limit(),
+        }
 
 
 class KeyLimits:
@@ -167,32 +190,29 @@ class KeyLimits:
     def __init__(self, per_key: int = PER_KEY) -> None:
         self.per_key = per_key
         self._held: dict[str, int] = {}
-        self._lock = threading.Lock()
 
     @contextmanager
     def hold(self, client: str) -> Iterator[None]:
         """Count one request of ``client`` while the block runs; Busy(429) past the limit."""
-        with self._lock:
-            held = self._held.get(client, 0)
-            if held >= self.per_key:
-                raise Busy(
-                    429,
-                    f"this client has {held} requests in progress (at most {self.per_key}): "
-                    "wait for one to finish",
-                )
-            self._held[client] = held + 1
+        held = self._held.get(client, 0)
+        if held >= self.per_key:
+            raise Busy(
+                429,
+                f"this client has {held} requests in progress (at most {self.per_key}): "
+                "wait for one to finish",
+            )
+        self._held[client] = held + 1
         try:
             yield
         finally:
-            with self._lock:
-                left = self._held[client] - 1
-                if left:
-                    self._held[client] = left
-                else:
-                    del self._held[client]
+            left = self._held[client] - 1
+            if left:
+                self._held[client] = left
+            else:
+                del self._held[client]
 
 
-def fan_out(
+async def fan_out(
     post: Post,
     model: str,
     bodies: Sequence[dict[str, Any]],
@@ -200,40 +220,48 @@ def fan_out(
     bulk: bool | None = None,
 ) -> list[Answer]:
     """The answers to ``bodies`` in order, at most ``window`` in flight, sent as ``bulk``
-    calls (by default when there are several). After the first answer that is not a 200 the
-    rest are not sent: the list ends at that answer."""
-    failed = threading.Event()
+    calls (by default when there are several). After the first answer that is not a 200 (or
+    a call that raised) the rest are not sent: the list ends at that answer, or the exception
+    of the first call that raised is raised."""
     marked = len(bodies) > 1 if bulk is None else bulk
+    results: list[Answer | Exception | None] = [None] * len(bodies)
+    queue = iter(range(len(bodies)))
+    failed = False
 
-    def one(body: dict[str, Any]) -> Answer | None:
-        if failed.is_set():
-            return None
-        try:
-            answer = post_patiently(post, model, body, bulk=marked)
-        except BaseException:
-            failed.set()
-            raise
-        if answer[0] != 200:
-            failed.set()
-        return answer
+    async def sender() -> None:
+        nonlocal failed
+        for index in queue:  # shared: each index goes to one sender
+            if failed:
+                return
+            try:
+                answer = await post_patiently(post, model, bodies[index], bulk=marked)
+            except Exception as error:  # raised below, in order
+                results[index], failed = error, True
+                return
+            results[index] = answer
+            failed = failed or answer[0] != 200
 
+    await asyncio.gather(*(sender() for _ in range(max(1, min(window, len(bodies))))))
     answers: list[Answer] = []
-    with ThreadPoolExecutor(max_workers=max(1, min(window, len(bodies)))) as pool:
-        for answer in pool.map(one, bodies):
-            if answer is None:
-                break
-            answers.append(answer)
-            if answer[0] != 200:
-                break
+    for result in results:
+        if result is None:
+            break
+        if isinstance(result, Exception):
+            raise result
+        answers.append(result)
+        if result[0] != 200:
+            break
     return answers
 
 
-def post_patiently(post: Post, model: str, body: dict[str, Any], *, bulk: bool = False) -> Answer:
+async def post_patiently(
+    post: Post, model: str, body: dict[str, Any], *, bulk: bool = False
+) -> Answer:
     """``post``, sent again (backing off) while TorchServe answers that it is busy."""
-    answer = post(model, body, bulk=bulk)
+    answer = await post(model, body, bulk=bulk)
     for attempt in range(BUSY_RETRIES):
         if answer[0] != 503 or answer[1].get("error_type") not in BUSY_TYPES:
             break
-        time.sleep(BUSY_BACKOFF_S * 2**attempt)
-        answer = post(model, body, bulk=bulk)
+        await asyncio.sleep(BUSY_BACKOFF_S * 2**attempt)
+        answer = await post(model, body, bulk=bulk)
     return answer

@@ -20,22 +20,24 @@ Errors are ``{"error": ...}`` (the protocol's), with the request API's ``error_t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import requests
-from flask import Flask, Response, jsonify, request
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 
 from hymt_serve import __version__
-from hymt_serve.ops.launcher import Server, all_ready, describe_model, model_status
+from hymt_serve.ops.launcher import all_ready
 from hymt_serve.request import oip
 from hymt_serve.request.errors import InvalidRequest, ServiceError
 from hymt_serve.request.protocol import decode_body
+from hymt_serve.web.access import bearer_key, client_name
 from hymt_serve.web.fairness import KeyLimits
-from hymt_serve.web.keys import ClientKeys, bearer
+from hymt_serve.web.keys import ClientKeys
+from hymt_serve.web.torchserve import TorchServe, json_response
 
-# (TorchServe URL, body, headers) -> the Flask response of TorchServe's answer.
-Relay = Callable[[str, bytes, Mapping[str, str]], Response]
 FORWARDED_HEADERS = ("Content-Type", oip.BINARY_HEADER)
 INPUTS = [
     {"name": "text", "datatype": "BYTES", "shape": [-1]},
@@ -47,68 +49,73 @@ INPUTS = [
 OUTPUT_TYPES = {"input_tokens": "INT64", "output_tokens": "INT64", "format_tags_lost": "INT64"}
 
 
-def add_oip_routes(
-    app: Flask, server: Server, model: str, keys: ClientKeys, relay: Relay, limits: KeyLimits
-) -> None:
-    """The protocol's routes on ``app`` for ``model`` on TorchServe ``server`` (each client
-    key's requests in progress bounded by ``limits``)."""
+def oip_routes(
+    torchserve: TorchServe, model: str, keys: ClientKeys, limits: KeyLimits
+) -> list[BaseRoute]:
+    """The protocol's routes for ``model`` on ``torchserve`` (each client key's requests in
+    progress bounded by ``limits``)."""
 
-    @app.get("/v2")
-    def server_metadata() -> Any:
-        return jsonify(name="hunyuan-mt-torchserve", version=__version__, extensions=[])
-
-    @app.get("/v2/health/live")
-    def live() -> Any:
-        return jsonify(live=True)
-
-    @app.get("/v2/health/ready")
-    def server_ready() -> Any:
-        ready = _ready(server, model)
-        return jsonify(ready=ready), 200 if ready else 503
-
-    @app.get("/v2/models/<name>/ready")
-    def model_ready(name: str) -> Any:
-        if name != model:
-            return _unknown(name)
-        ready = _ready(server, model)
-        return jsonify(name=name, ready=ready), 200 if ready else 503
-
-    @app.get("/v2/models/<name>")
-    def model_metadata(name: str) -> Any:
-        if name != model:
-            return _unknown(name)
-        return jsonify(
-            name=name,
-            versions=_versions(server, name),
-            platform="torchserve",
-            inputs=INPUTS,
-            outputs=[
-                {"name": output, "datatype": OUTPUT_TYPES.get(output, "BYTES"), "shape": [-1]}
-                for output in oip.TEXT_OUTPUTS
-            ]
-            + [{"name": "document", "datatype": "BYTES", "shape": [1]}],
+    async def server_metadata(request: Request) -> Response:
+        return json_response(
+            {"name": "hunyuan-mt-torchserve", "version": __version__, "extensions": []}
         )
 
-    @app.post("/v2/models/<name>/infer")
-    def infer(name: str) -> Any:
+    async def live(request: Request) -> Response:
+        return json_response({"live": True})
+
+    async def server_ready(request: Request) -> Response:
+        ready = await _ready(torchserve, model)
+        return json_response({"ready": ready}, 200 if ready else 503)
+
+    async def model_ready(request: Request) -> Response:
+        name = request.path_params["name"]
         if name != model:
             return _unknown(name)
-        key = keys.find(bearer(request.headers.get("Authorization", "")))
+        ready = await _ready(torchserve, model)
+        return json_response({"name": name, "ready": ready}, 200 if ready else 503)
+
+    async def model_metadata(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name != model:
+            return _unknown(name)
+        outputs = [
+            {"name": output, "datatype": OUTPUT_TYPES.get(output, "BYTES"), "shape": [-1]}
+            for output in oip.TEXT_OUTPUTS
+        ]
+        return json_response(
+            {
+                "name": name,
+                "versions": await _versions(torchserve, name),
+                "platform": "torchserve",
+                "inputs": INPUTS,
+                "outputs": [*outputs, {"name": "document", "datatype": "BYTES", "shape": [1]}],
+            }
+        )
+
+    async def infer(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name != model:
+            return _unknown(name)
+        key = bearer_key(request, keys)
         if key is None:
-            return jsonify(error="a client key is required", error_type="unauthorized"), 401
-        data = request.get_data()
+            return json_response(
+                {"error": "a client key is required", "error_type": "unauthorized"}, 401
+            )
+        data = await request.body()
         try:
             characters = _characters(data, dict(request.headers))
         except ServiceError as error:
-            return jsonify(error.body(None)), error.status
+            return json_response(error.body(None), error.status)
         if not keys.reserve(key, characters):
-            return jsonify(
-                error="the character limit of this key is reached", error_type="quota_exceeded"
-            ), 429
+            return json_response(
+                {"error": "the character limit of this key is reached",
+                 "error_type": "quota_exceeded"},
+                429,
+            )  # fmt: skip
         headers = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers}
         try:
-            with limits.hold(f"key:{key.name}"):
-                answer = relay(f"{server.inference_url()}/v2/models/{model}/infer", data, headers)
+            with limits.hold(client_name(key)):
+                answer = await torchserve.relay_bytes(f"/v2/models/{model}/infer", data, headers)
         except BaseException:
             keys.refund(key, characters)
             raise
@@ -116,29 +123,41 @@ def add_oip_routes(
             keys.refund(key, characters)
         return answer
 
+    return [
+        Route("/v2", server_metadata, methods=["GET"]),
+        Route("/v2/health/live", live, methods=["GET"]),
+        Route("/v2/health/ready", server_ready, methods=["GET"]),
+        Route("/v2/models/{name}/ready", model_ready, methods=["GET"]),
+        Route("/v2/models/{name}", model_metadata, methods=["GET"]),
+        Route("/v2/models/{name}/infer", infer, methods=["POST"]),
+    ]
 
-def _ready(server: Server, model: str) -> bool:
+
+async def _ready(torchserve: TorchServe, model: str) -> bool:
     """Every worker READY by TorchServe's describe API, and no drain under way. Unlike ``hymt
     health`` no process is looked at: the front end may run in another container of the pod,
     where TorchServe's process ids name nothing."""
-    if server.drain_marker.exists():
+    if torchserve.server.drain_marker.exists():
         return False
     try:
-        return all_ready(model_status(server, model))
-    except (requests.RequestException, ValueError, KeyError, IndexError):
+        described = await torchserve.describe(model)
+        workers = described[0].get("workers", []) if described else []
+        return all_ready([str(worker.get("status")) for worker in workers])
+    except (httpx.HTTPError, OSError, ValueError, KeyError, IndexError, AttributeError):
         return False
 
 
-def _versions(server: Server, model: str) -> list[str]:
+async def _versions(torchserve: TorchServe, model: str) -> list[str]:
     """The model's versions as TorchServe's describe API gives them ([] when unknown)."""
     try:
-        return [str(entry["modelVersion"]) for entry in describe_model(server, model, "/all")]
-    except (requests.RequestException, ValueError, KeyError, TypeError):
+        described = await torchserve.describe(model, "/all")
+        return [str(entry["modelVersion"]) for entry in described]
+    except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError):
         return []
 
 
-def _unknown(name: str) -> tuple[Response, int]:
-    return jsonify(error=f"no model named {name!r} here", error_type="not_found"), 404
+def _unknown(name: str) -> Response:
+    return json_response({"error": f"no model named {name!r} here", "error_type": "not_found"}, 404)
 
 
 def _characters(data: bytes, headers: Mapping[str, str]) -> int:

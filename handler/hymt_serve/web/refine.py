@@ -45,18 +45,20 @@ class RefineError(Exception):
         self.status, self.body = status, body
 
 
-def refine(
+async def refine(
     body: dict[str, Any], post: Post, translator: str, refiner: str
 ) -> tuple[int, dict[str, Any]]:
     """The refined translation(s) of ``body`` (the request API's fields, ``source_lang``
     required), with their candidates; or the first error a model answered."""
     try:
-        return 200, _refine(body, post, translator, refiner)
+        return 200, await _refine(body, post, translator, refiner)
     except RefineError as error:
         return error.status, error.body
 
 
-def _refine(body: dict[str, Any], post: Post, translator: str, refiner: str) -> dict[str, Any]:
+async def _refine(
+    body: dict[str, Any], post: Post, translator: str, refiner: str
+) -> dict[str, Any]:
     if "source_lang" not in body and "src_lang" not in body:
         raise RefineError(
             400,
@@ -69,10 +71,10 @@ def _refine(body: dict[str, Any], post: Post, translator: str, refiner: str) -> 
     fields = {k: v for k, v in body.items() if k in REFINE_FIELDS}
     clock = _Clock()
     if "candidates" in body:  # the client's own: Chimera checks and refines them as they are
-        answer = _post(post, refiner, {**fields, "stream": False})
+        answer = await _post(post, refiner, {**fields, "stream": False})
         items = [{**item, "refined": True} for item in answer["translations"]]
         return _response(body, items, {}, answer["usage"], {"refine": clock.lap()})
-    per_text, candidate_usage = _candidates(body, post, translator)
+    per_text, candidate_usage = await _candidates(body, post, translator)
     timing = {"candidates": clock.lap()}
     unique = [_distinct(candidates) for candidates in per_text]
     texts = [body["text"]] if isinstance(body["text"], str) else body["text"]
@@ -86,7 +88,7 @@ def _refine(body: dict[str, Any], post: Post, translator: str, refiner: str) -> 
             "candidates": [unique[i] for i in to_refine],
             "stream": False,
         }
-        answer = _post(post, refiner, request)
+        answer = await _post(post, refiner, request)
         refined = dict(zip(to_refine, answer["translations"], strict=True))
         usage = answer["usage"]
     timing["refine"] = clock.lap()
@@ -110,8 +112,8 @@ class _Clock:
         return round(elapsed * 1000, 1)
 
 
-def _post(post: Post, model: str, request: dict[str, Any]) -> dict[str, Any]:
-    return _checked(post(model, request))
+async def _post(post: Post, model: str, request: dict[str, Any]) -> dict[str, Any]:
+    return _checked(await post(model, request))
 
 
 def _checked(reply: tuple[int, dict[str, Any]]) -> dict[str, Any]:
@@ -142,7 +144,7 @@ def _response(
     return response
 
 
-def _candidates(
+async def _candidates(
     body: dict[str, Any], post: Post, translator: str
 ) -> tuple[list[list[str]], dict[str, int]]:
     """Each text's candidates in the plan's order, and the tokens they took."""
@@ -153,7 +155,7 @@ def _candidates(
         for _ in range(copies)
     ]
     # one client's candidates, waited for at once: not bulk
-    sent = fan_out(post, translator, requests, len(requests), bulk=False)
+    sent = await fan_out(post, translator, requests, len(requests), bulk=False)
     answers = [_checked(answer) for answer in sent]
     per_text: list[list[str]] = [[] for _ in answers[0]["translations"]]
     for answer in answers:

@@ -1,6 +1,22 @@
-"""The front end's calls to TorchServe: one pool of kept-alive connections, the inference key
-from TorchServe's key file, an upstream slot held for each call (:mod:`.fairness`), and
-TorchServe's answers as Flask responses, its errors as ``{error, error_type}``.
+"""The front end's calls to TorchServe: one ``httpx.AsyncClient`` (kept-alive connections), the
+inference key from TorchServe's key file, an upstream slot held for each call
+(:mod:`.fairness`), and TorchServe's answers as Starlette responses, its errors as ``{error,
+error_type}``.
+
+For a route module, :class:`TorchServe` is the whole upstream:
+
+- ``await torchserve.post(model, body)``: one call, answered ``(status, JSON object)``;
+- ``await torchserve.forward(model, body)``: the request API's proxy (a streamed answer relayed
+  as it comes, anything else whole);
+- ``await torchserve.stream(model, body)``: a streamed call in progress (:class:`Streamed`,
+  its ``lines()`` or ``chunks()``), holding its slot until it ends; ``Relay(streamed,
+  content)`` sends it (or a rewrite of it, Server-Sent Events say) and closes it whatever
+  happens to the client. :class:`UpstreamFailed` says why a call failed before it streamed.
+
+Nothing here holds a thread while it waits: a call in flight, a stream being relayed and a
+call waiting for a slot are coroutines on the event loop. TorchServe's key and config files
+are read on a worker thread (a read retries while TorchServe rewrites the key file), once per
+call.
 """
 
 from __future__ import annotations
@@ -8,14 +24,17 @@ from __future__ import annotations
 import functools
 import http.cookiejar
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-import requests
-from flask import Response, jsonify
+import anyio
+import anyio.to_thread
+import httpx
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from hymt_serve.ops.launcher import KeyFileUnavailable, Server, describe_model
-from hymt_serve.web.fairness import Answer, Post, Upstream
+from hymt_serve.ops.launcher import KeyFileUnavailable, Server
+from hymt_serve.web.fairness import Answer, Upstream
 
 JSON, NDJSON = "application/json", "application/x-ndjson"
 TORCHSERVE_TYPES = {400: "invalid_request", 413: "payload_too_large", 503: "server_busy"}
@@ -31,99 +50,131 @@ EMPTY_BODY_MESSAGES = {
 # TorchServe's own 503 (a full job queue, or no live worker) says "use scale workers API":
 # advice for its operator, not for a client.
 TORCHSERVE_BUSY = "the translation server is busy or restarting: retry in a moment"
+CONNECT_S, ANSWER_S = 5.0, 600.0
+KEEP_ALIVE = 512  # idle connections kept to TorchServe (a refinement makes seven calls)
 
 
-def forward(server: Server, upstream: Upstream, url: str, payload: dict[str, Any]) -> Response:
-    """POST ``payload`` to ``url`` with the inference key, holding an upstream slot (until
-    the end of a streamed answer); the answer as a Flask response."""
-    streaming = payload.get("stream") is True
-    bulk = isinstance(payload.get("document"), str)  # a document is bulk work (fairness)
-    upstream.acquire(bulk)
-    try:
-        answer = _post_upstream(server, url, payload, streaming)
-    except (requests.RequestException, KeyFileUnavailable):
-        upstream.release(bulk)
-        return json_response(UNREACHABLE, 502)
-    if streaming and answer.ok:
-        done = functools.partial(upstream.release, bulk)
-        return Response(_relay(answer, done), status=answer.status_code, mimetype=NDJSON)
-    upstream.release(bulk)
-    return _answer(answer)
+class UpstreamFailed(Exception):
+    """A call got no answer to relay: ``status`` and the ``{error, error_type}`` ``body``
+    (TorchServe's error, or 502 ``server_unavailable`` when it could not be reached)."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(body.get("error", f"HTTP {status}"))
+        self.status, self.body = status, body
 
 
-def relay_bytes(
-    server: Server, upstream: Upstream, url: str, data: bytes, headers: Mapping[str, str]
-) -> Response:
-    """POST ``data`` as it came (with ``headers``) to ``url`` with the inference key."""
-    try:
-        with upstream.slot():
-            answer = _session().post(
-                url,
-                data=data,
-                headers={**headers, **server.headers("inference")},
-                timeout=(5, 600),
-            )
-    except (requests.RequestException, KeyFileUnavailable):
-        return json_response(UNREACHABLE, 502)
-    return _answer(answer)
+class Streamed:
+    """A streamed answer of TorchServe in progress (status 2xx). It holds its upstream slot
+    until :meth:`aclose`, which ``chunks()`` and ``lines()`` call at their end and
+    :class:`Relay` calls when the response ends, however it ends."""
 
+    def __init__(self, response: httpx.Response, release: Callable[[], None]) -> None:
+        self.status = response.status_code
+        self._response = response
+        self._release: Callable[[], None] | None = release
 
-def _answer(upstream: requests.Response) -> Response:
-    """TorchServe's whole answer as a Flask response (its errors as ``{error, error_type}``)."""
-    if not upstream.ok:
-        return json_response(_error_body(upstream), upstream.status_code)
-    return Response(
-        upstream.content,
-        status=upstream.status_code,
-        content_type=upstream.headers.get("Content-Type") or JSON,
-    )
-
-
-def json_response(body: dict[str, Any], status: int) -> Response:
-    response = jsonify(body)
-    response.status_code = status
-    return response
-
-
-@functools.cache
-def _session() -> requests.Session:
-    """One connection pool to TorchServe for every thread (urllib3's pool is thread-safe):
-    kept-alive connections instead of a new one per call (a refinement makes seven)."""
-    session = requests.Session()
-    # Shared by every client's calls: never keep a cookie between them.
-    session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=512)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session
-
-
-def _post_upstream(
-    server: Server, url: str, payload: dict[str, Any], stream: bool = False
-) -> requests.Response:
-    """POST ``payload`` as JSON to ``url`` with the inference key (raises RequestException)."""
-    return _session().post(
-        url,
-        data=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
-        headers={"Content-Type": JSON, **server.headers("inference")},
-        stream=stream,
-        timeout=(5, 600),
-    )
-
-
-def poster(server: Server, upstream: Upstream) -> Post:
-    """A call of one model's predictions (not streamed) that answers (status, JSON object),
-    holding an upstream slot (raises Busy when none comes)."""
-
-    def post(model: str, body: dict[str, Any], *, bulk: bool = False) -> Answer:
-        url = f"{server.inference_url()}/predictions/{model}"
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The answer's bytes as they come."""
         try:
-            with upstream.slot(bulk):
-                answer = _post_upstream(server, url, body)
-        except (requests.RequestException, KeyFileUnavailable):
-            return 502, UNREACHABLE
-        if not answer.ok:
-            return answer.status_code, _error_body(answer)
+            async for chunk in self._response.aiter_bytes():
+                yield chunk
+        finally:
+            await self.aclose()
+
+    async def lines(self) -> AsyncIterator[str]:
+        """The answer's non-empty lines (one JSON object each: NDJSON) as they come."""
+        try:
+            async for line in self._response.aiter_lines():
+                if line.strip():
+                    yield line
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection's stream and give the slot back (once; safe to repeat)."""
+        release, self._release = self._release, None
+        if release is None:
+            return
+        try:
+            with anyio.CancelScope(shield=True):  # also when the client's task is cancelled
+                await self._response.aclose()
+        finally:
+            release()
+
+
+class Relay(StreamingResponse):
+    """``streamed`` sent to the client as it comes (``content``: a rewrite of its lines or
+    chunks; its bytes by default), with TorchServe's status; the upstream closed and its slot
+    given back when the response ends, the client went away or the relay failed."""
+
+    def __init__(
+        self,
+        streamed: Streamed,
+        content: AsyncIterator[bytes | str] | None = None,
+        media_type: str = NDJSON,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        body = streamed.chunks() if content is None else content
+        super().__init__(body, streamed.status, headers, media_type)
+        self._streamed = streamed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._streamed.aclose()
+
+
+class TorchServe:
+    """This front end's calls to TorchServe ``server``, each holding a slot of ``upstream``.
+
+    ``open()`` makes the HTTP client on the running event loop (the app's lifespan does),
+    ``close()`` ends it."""
+
+    def __init__(self, server: Server, upstream: Upstream | None = None) -> None:
+        self.server = server
+        self.upstream = upstream or Upstream()
+        self._client: httpx.AsyncClient | None = None
+
+    def open(self) -> None:
+        # Shared by every client's calls: never keep a cookie between them.
+        no_cookies = http.cookiejar.CookieJar(
+            http.cookiejar.DefaultCookiePolicy(allowed_domains=[])
+        )
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(ANSWER_S, connect=CONNECT_S),
+            # the upstream slots bound the calls in flight; this only keeps idle ones
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEP_ALIVE),
+            cookies=no_cookies,
+            trust_env=False,  # TorchServe is on this host or in this pod: never via a proxy
+        )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RuntimeError("TorchServe.open() was not called (the app's lifespan does)")
+        return self._client
+
+    async def where(self, api: str = "inference") -> tuple[str, dict[str, str]]:
+        """``api``'s base URL and its key's headers; KeyFileUnavailable while the key file
+        stays unreadable."""
+        return await anyio.to_thread.run_sync(_where, self.server, api)
+
+    async def post(self, model: str, body: dict[str, Any], *, bulk: bool = False) -> Answer:
+        """``body`` to ``model``'s predictions, not streamed: (status, JSON object), errors as
+        ``{error, error_type}``; Busy when no upstream slot comes (a :class:`.fairness.Post`)."""
+        async with self.upstream.slot(bulk):
+            try:
+                answer = await self._send(f"/predictions/{model}", body)
+            except (httpx.HTTPError, KeyFileUnavailable):
+                return 502, UNREACHABLE
+        if not answer.is_success:
+            return answer.status_code, await _error_body(answer)
         try:
             reply = answer.json()
         except ValueError:
@@ -132,28 +183,138 @@ def poster(server: Server, upstream: Upstream) -> Post:
             return 502, {"error": f"{model} answered no JSON object", "error_type": "server_error"}
         return 200, reply
 
-    return post
+    async def forward(self, model: str, payload: dict[str, Any]) -> Response:
+        """The request API's proxy: ``payload`` to ``model``; a streamed answer relayed as it
+        comes (its slot held to its end), any other answer whole, errors as JSON. A document is
+        bulk work (:mod:`.fairness`). Raises Busy when no slot comes."""
+        bulk = isinstance(payload.get("document"), str)
+        if payload.get("stream") is True:
+            try:
+                return Relay(await self.stream(model, payload, bulk=bulk))
+            except UpstreamFailed as failed:
+                return json_response(failed.body, failed.status)
+        async with self.upstream.slot(bulk):
+            try:
+                answer = await self._send(f"/predictions/{model}", payload)
+            except (httpx.HTTPError, KeyFileUnavailable):
+                return json_response(UNREACHABLE, 502)
+        return await _answer(answer)
+
+    async def stream(self, model: str, payload: dict[str, Any], *, bulk: bool = False) -> Streamed:
+        """``payload`` to ``model``'s predictions, its answer streamed: a :class:`Streamed`
+        holding an upstream slot until it is closed. Raises Busy when no slot comes and
+        UpstreamFailed when TorchServe cannot be reached or refuses."""
+        await self.upstream.acquire(bulk)
+        try:
+            answer = await self._send(f"/predictions/{model}", payload, stream=True)
+        except (httpx.HTTPError, KeyFileUnavailable) as error:
+            self.upstream.release(bulk)
+            raise UpstreamFailed(502, UNREACHABLE) from error
+        except BaseException:
+            self.upstream.release(bulk)
+            raise
+        if not answer.is_success:
+            try:
+                raise UpstreamFailed(answer.status_code, await _error_body(answer))
+            finally:
+                self.upstream.release(bulk)
+        return Streamed(answer, functools.partial(self.upstream.release, bulk))
+
+    async def relay_bytes(self, path: str, data: bytes, headers: Mapping[str, str]) -> Response:
+        """POST ``data`` as it came (with ``headers``) to ``path`` of the inference API, with
+        the inference key; the whole answer (errors as JSON)."""
+        try:
+            async with self.upstream.slot():
+                base, auth = await self.where()
+                answer = await self.client.post(
+                    f"{base}{path}", content=data, headers={**headers, **auth}
+                )
+        except (httpx.HTTPError, KeyFileUnavailable):
+            return json_response(UNREACHABLE, 502)
+        return await _answer(answer)
+
+    async def describe(
+        self, model: str, suffix: str = "", timeout: float = 10.0
+    ) -> list[dict[str, Any]]:
+        """TorchServe's describe API for ``model`` (``suffix``: ``/all``, ``?customized=true``);
+        [] unless it answers 200. Raises httpx's errors, KeyFileUnavailable, and ValueError
+        for a body that is not JSON."""
+        base, auth = await self.where("management")
+        answer = await self.client.get(
+            f"{base}/models/{model}{suffix}", headers=auth, timeout=timeout
+        )
+        return list(answer.json()) if answer.status_code == 200 else []
+
+    async def handler_description(self, model: str) -> dict[str, Any]:
+        """The handler's describe output for ``model`` (``{engine, model_family, settings}``);
+        {} when it cannot be read."""
+        try:
+            described = await self.describe(model, "?customized=true")
+            metadata = described[0]["customizedMetadata"]
+            if isinstance(metadata, str):
+                metadata = json.loads(metadata)
+        except (httpx.HTTPError, OSError, ValueError, KeyError, IndexError, TypeError):
+            return {}
+        return metadata if isinstance(metadata, dict) else {}
+
+    async def queue_size(self, model: str) -> int | None:
+        """``model``'s job queue size from the describe API; None when it cannot say."""
+        try:
+            status = (await self.describe(model, timeout=2))[0]["jobQueueStatus"]
+            return int(status["remainingCapacity"]) + int(status["pendingRequests"])
+        except (httpx.HTTPError, OSError, ValueError, KeyError, IndexError, TypeError):
+            return None
+
+    async def _send(
+        self, path: str, payload: dict[str, Any], *, stream: bool = False
+    ) -> httpx.Response:
+        """POST ``payload`` as JSON to ``path`` of the inference API with the inference key
+        (raises httpx's errors and KeyFileUnavailable); read whole unless ``stream``."""
+        base, auth = await self.where()
+        request = self.client.build_request(
+            "POST",
+            f"{base}{path}",
+            content=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
+            headers={"Content-Type": JSON, **auth},
+        )
+        return await self.client.send(request, stream=stream)
 
 
-def _relay(upstream: requests.Response, done: Callable[[], None]) -> Iterator[bytes]:
-    """The streamed answer's bytes as they come; ``done`` at its end (or the client's)."""
-    try:
-        yield from upstream.iter_content(chunk_size=None)
-    finally:
-        upstream.close()
-        done()
+def _where(server: Server, api: str) -> tuple[str, dict[str, str]]:
+    """(base URL, headers) of ``api`` on ``server``: reads config.properties and the key file
+    (on a worker thread: a half-written key file is read again for up to 2 s)."""
+    base = server.inference_url() if api == "inference" else server.management_url()
+    return base, server.headers(api)
 
 
-def _error_body(upstream: requests.Response) -> dict[str, Any]:
+async def _answer(answer: httpx.Response) -> Response:
+    """TorchServe's whole (read) answer as a response (its errors as ``{error, error_type}``)."""
+    if not answer.is_success:
+        return json_response(await _error_body(answer), answer.status_code)
+    return Response(
+        answer.content,
+        status_code=answer.status_code,
+        media_type=answer.headers.get("Content-Type") or JSON,
+    )
+
+
+def json_response(
+    body: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    return JSONResponse(body, status, headers)
+
+
+async def _error_body(answer: httpx.Response) -> dict[str, Any]:
     """Our JSON errors pass through; TorchServe's own ({code, type, message}) and empty or
-    non-JSON bodies become ``{error, error_type}`` (for the same status)."""
-    status = upstream.status_code
+    non-JSON bodies become ``{error, error_type}`` (for the same status). Closes ``answer``."""
+    status = answer.status_code
     try:
-        body = upstream.json()
-    except ValueError:
+        await answer.aread()
+        body = answer.json()
+    except (ValueError, httpx.HTTPError):
         body = None
     finally:
-        upstream.close()
+        await answer.aclose()
     if isinstance(body, dict) and "error_type" in body:
         return body
     message = body.get("message") if isinstance(body, dict) else None
@@ -163,12 +324,3 @@ def _error_body(upstream: requests.Response) -> dict[str, Any]:
         "error": message or EMPTY_BODY_MESSAGES.get(status, f"HTTP {status}"),
         "error_type": TORCHSERVE_TYPES.get(status, "server_error"),
     }
-
-
-def queue_size(server: Server, model: str) -> int | None:
-    """The model's job queue size from TorchServe's describe API; None when it cannot say."""
-    try:
-        status = describe_model(server, model, timeout=2)[0]["jobQueueStatus"]
-        return int(status["remainingCapacity"]) + int(status["pendingRequests"])
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        return None

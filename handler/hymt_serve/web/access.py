@@ -1,0 +1,138 @@
+"""Who may call the front end, and what a client key's call counts (docs/front-end.md).
+
+Every route is one of three kinds, by its name:
+
+- ``ALWAYS_OPEN``: the page, its files and the probes (a kubelet sends no key);
+- ``OWN_KEYS``: APIs that check their own kind of client key whatever the address
+  (LibreTranslate's ``api_key``, DeepL's ``DeepL-Auth-Key``, v2's bearer key): the route
+  itself calls :func:`bearer_key` or its API's equivalent;
+- every other route (the page's ``/api/*``, the language and model lists): open on loopback;
+  where keys are required (``require_keys``), :class:`KeyCheck` refuses it without an
+  ``Authorization: Bearer <key>`` of the key file (401 ``NEEDS_KEY``) before the route runs,
+  and the route reads the key with :func:`client_key`.
+
+What a route does with a key, each a plain context manager for an ``async with``-free block
+(they never await):
+
+- ``limits.hold(client_name(key))`` (:class:`.fairness.KeyLimits`): one request in progress of
+  that key, 429 past ``--requests-per-key``; :func:`held` does nothing without a key;
+- :func:`counted`: the characters counted against the key's limit (``QuotaReached`` past it),
+  given back unless the block reports a 200.
+
+A new route module names its routes, adds any own-key ones to ``OWN_KEYS``, and calls these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from hymt_serve.web.fairness import KeyLimits
+from hymt_serve.web.keys import ClientKey, ClientKeys, bearer
+from hymt_serve.web.torchserve import json_response
+
+# Open whoever asks: the page and its files, and the probes (a kubelet sends no key).
+ALWAYS_OPEN = frozenset({"page", "favicon", "static", "live", "server_ready", "model_ready"})
+# Routes that check their API's own client key whatever the address (LibreTranslate, DeepL, v2).
+OWN_KEYS = frozenset(
+    {
+        "libre_translate",
+        "libre_detect",
+        "deepl_translate",
+        "deepl_languages",
+        "deepl_usage",
+        "deepl_upload",
+        "deepl_document_status",
+        "deepl_document_result",
+        "infer",
+    }
+)
+QUOTA_REACHED = {
+    "error": "the character limit of this key is reached",
+    "error_type": "quota_exceeded",
+}
+NEEDS_KEY = {
+    "error": "this server needs a client key: send 'Authorization: Bearer <key>' "
+    "(a key of hymt web's key file)",
+    "error_type": "unauthorized",
+}
+STATE_KEY = "client_key"  # where KeyCheck leaves the key it found, in the request's state
+
+
+class QuotaReached(Exception):
+    """The client key's character limit would be passed (429 ``quota_exceeded``)."""
+
+
+class KeyCheck:
+    """ASGI middleware: where ``keys`` are required, a request for any route but
+    ``ALWAYS_OPEN`` and ``OWN_KEYS`` ones (unknown paths included) needs a bearer key of
+    ``keys``: 401 without one, else the key goes to the request's state (:func:`client_key`).
+    ``keys`` None: everything passes (loopback)."""
+
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute], keys: ClientKeys | None) -> None:
+        self.app, self.routes, self.keys = app, routes, keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.keys is not None:
+            name = self._route_name(scope)
+            if name not in ALWAYS_OPEN and name not in OWN_KEYS:
+                key = self.keys.find(bearer(Headers(scope=scope).get("Authorization", "")))
+                if key is None:
+                    await json_response(NEEDS_KEY, 401)(scope, receive, send)
+                    return
+                scope.setdefault("state", {})[STATE_KEY] = key
+        await self.app(scope, receive, send)
+
+    def _route_name(self, scope: Scope) -> str | None:
+        """The name of the route the router will pick for ``scope`` (None: no route)."""
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match == Match.FULL:
+                return getattr(route, "name", None)
+        return None
+
+
+def client_key(request: Request) -> ClientKey | None:
+    """The bearer key :class:`KeyCheck` found for this request; None where keys are not
+    required."""
+    found: Any = request.scope.get("state", {}).get(STATE_KEY)
+    return found if isinstance(found, ClientKey) else None
+
+
+def bearer_key(request: Request, keys: ClientKeys) -> ClientKey | None:
+    """The request's ``Authorization: Bearer <key>`` key if it is one of ``keys``."""
+    return keys.find(bearer(request.headers.get("Authorization", "")))
+
+
+def client_name(key: ClientKey) -> str:
+    """The name ``KeyLimits`` counts ``key``'s requests under."""
+    return f"key:{key.name}"
+
+
+def held(limits: KeyLimits, key: ClientKey | None) -> AbstractContextManager[None]:
+    """One request in progress for ``key`` (Busy 429 past its limit); nothing counted without
+    a key (on loopback the front end cannot tell its clients apart)."""
+    return limits.hold(client_name(key)) if key is not None else nullcontext()
+
+
+@contextmanager
+def counted(keys: ClientKeys | None, key: ClientKey | None, characters: int) -> Iterator[list[int]]:
+    """Count ``characters`` against ``key`` (QuotaReached past its limit); given back
+    unless the block appends a 200 to the list it gets. Nothing counted without a key."""
+    outcome: list[int] = []
+    if key is None or keys is None:
+        yield outcome
+        return
+    if not keys.reserve(key, characters):
+        raise QuotaReached()
+    try:
+        yield outcome
+    finally:
+        if outcome != [200]:
+            keys.refund(key, characters)
