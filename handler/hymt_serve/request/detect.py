@@ -113,13 +113,20 @@ def script_counts(text: str) -> dict[str, int]:
     return counts
 
 
+def variant_evidence(text: str) -> tuple[int, int]:
+    """How many characters of ``text`` are written the traditional way and how many the
+    simplified way (among common characters the two scripts write differently)."""
+    traditional = sum(char in _TRADITIONAL for char in text)
+    simplified = sum(char in _SIMPLIFIED for char in text)
+    return traditional, simplified
+
+
 def chinese_variant(text: str) -> Detection:
     """yue, zh-Hant or zh for a Han text: Cantonese particles, then traditional vs simplified."""
     cantonese = sum(char in _CANTONESE for char in text)
     if cantonese:
         return Detection("yue", min(1.0, 0.6 + 0.2 * cantonese))
-    traditional = sum(char in _TRADITIONAL for char in text)
-    simplified = sum(char in _SIMPLIFIED for char in text)
+    traditional, simplified = variant_evidence(text)
     if traditional > simplified:
         return Detection("zh-Hant", traditional / (traditional + simplified))
     if simplified > traditional:
