@@ -17,7 +17,7 @@ from typing import Any
 
 from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
-from hymt_serve.request import door
+from hymt_serve.request import detect, door
 from hymt_serve.request.async_guards import cheap_context_copies, drop_entry_point_prints
 from hymt_serve.request.errors import Overloaded
 from hymt_serve.request.metrics import TorchServeRecorder
@@ -58,6 +58,8 @@ class HunyuanMTHandler:
         settings = settings.with_cpu_threads(_engines(context, settings))
         self.async_mode = _async_mode(context)
         engine = _load_engine(context, settings, self.async_mode)
+        if settings.checks.target_language_check != "off":
+            detect.preload()  # the language check's identifier, so that no request waits for it
         recorder = TorchServeRecorder(context.metrics, context.model_name, coalesce=self.async_mode)
         recorder.engine_info(engine.describe())
         self.service = TranslationService(engine, settings, recorder)

@@ -70,10 +70,10 @@ class FakeEngine:
     """Encodes characters as ids; "translates" the source text of the prompt (what follows its
     first blank line) with ``translate``: upper-casing by default.
 
-    Rows submitted before :meth:`run` make one batch (``calls`` records the batch sizes; rows
-    submitted while a batch finishes make the next); with ``failure`` set, the engine fails
-    that batch's rows with it (as the scheduler does). A streaming row gets its ids one at a
-    time."""
+    Rows submitted before :meth:`run` make one batch (``calls`` records the batch sizes,
+    ``rows`` every row generated; rows submitted while a batch finishes make the next); with
+    ``failure`` set, the engine fails that batch's rows with it (as the scheduler does). A
+    streaming row gets its ids one at a time."""
 
     def __init__(
         self,
@@ -83,6 +83,7 @@ class FakeEngine:
         self.failure = failure
         self.translate = translate
         self.prompts: list[str] = []
+        self.rows: list[GenerationRow] = []
         self.calls: list[int] = []
         self._queued: list[tuple[GenerationRow, Future[GenerationResult], OnTokens | None]] = []
 
@@ -114,6 +115,7 @@ class FakeEngine:
                 continue
             prompt = "".join(chr(i) for i in row.prompt_ids)
             self.prompts.append(prompt)
+            self.rows.append(row)
             source = prompt.split("\n\n", 1)[-1]  # a prompt with no blank line: all of it
             ids = tuple(ord(c) for c in self.translate(source))[: row.max_new_tokens]
             for token in ids if on_tokens is not None else ():

@@ -40,6 +40,9 @@ def settings(model_dir: Path) -> dict[str, Any]:
         "max_new_tokens": 12,
         "max_batch_rows": 3,  # fewer slots than rows in flight: rows wait and join later
         "max_chars_per_text": 400,
+        # The random model's greedy output, judged but never generated again (a retry is
+        # sampled): both paths must give the same replies.
+        "target_language_check": "report",
     }
 
 

@@ -191,6 +191,7 @@ def test_metrics_show_ours(server: Server) -> None:
         "hymt_generation_latency_seconds_bucket",
         "hymt_output_tokens_per_second",
         "hymt_batch_rows",
+        "hymt_target_language_total",
     ):
         assert f"\n{name}{{" in text, name
     assert 'ErrorType="unsupported_language"' in text

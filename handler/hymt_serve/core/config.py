@@ -257,6 +257,27 @@ class Serving:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class OutputChecks:
+    """What is checked in a translation before it is answered: its language against the
+    target (the reply's target_language, docs/api.md)."""
+
+    target_language_check: str = choice(
+        "retry",
+        ("retry", "report", "off"),
+        "retry: a text answered in another language than its target is generated once more, "
+        "sampled (never a streamed text: its deltas are already sent); report: only said in "
+        "the reply and the metric; off: not checked.",
+    )
+    target_language_confidence: float = bounded(
+        0.8,
+        0.5,
+        1.0,
+        "How sure the language identification must be to call an output's language wrong "
+        "(short, mixed or copied text is never called wrong).",
+    )
+
+
 _DEFAULTS = SamplingParams()
 
 
@@ -283,5 +304,6 @@ CONCERNS: dict[str, type[Any]] = {
     "scheduler": Scheduler,
     "limits": RequestLimits,
     "serving": Serving,
+    "checks": OutputChecks,
     "sampling": Sampling,
 }

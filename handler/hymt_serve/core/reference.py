@@ -24,6 +24,7 @@ TITLES = {
     "scheduler": "Scheduler",
     "limits": "Request limits",
     "serving": "Serving",
+    "checks": "Output checks",
     "sampling": "Sampling defaults",
 }
 

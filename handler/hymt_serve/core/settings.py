@@ -1,9 +1,10 @@
 """One frozen settings object, loaded from model-config.yaml's ``handler:`` section.
 
 The keys are flat on the wire and grouped here by concern (:mod:`hymt_serve.core.config`):
-``settings.loading``, ``.scheduler``, ``.limits``, ``.serving`` and ``.sampling``. Unknown
-keys are rejected; values are normalised first (strings stripped and lower-cased where they
-name a choice), then verified; every message names the key, the bound and the value.
+``settings.loading``, ``.scheduler``, ``.limits``, ``.serving``, ``.checks`` and
+``.sampling``. Unknown keys are rejected; values are normalised first (strings stripped and
+lower-cased where they name a choice), then verified; every message names the key, the bound
+and the value.
 ``HYMT_MODEL_PATH`` in the environment, when set, overrides ``model_path``. A relative model
 path is read against the model archive's folder.
 """
@@ -20,6 +21,7 @@ from typing import Any
 from hymt_serve.core.config import (
     CONCERNS,
     Loading,
+    OutputChecks,
     Quantization,
     RequestLimits,
     Sampling,
@@ -44,6 +46,7 @@ class Settings:
     scheduler: Scheduler = field(default_factory=Scheduler)
     limits: RequestLimits = field(default_factory=RequestLimits)
     serving: Serving = field(default_factory=Serving)
+    checks: OutputChecks = field(default_factory=OutputChecks)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Not a handler key: a check the engine runs on the rows of each prefill, set by code that
     # wraps the handler (the tests inject device errors and hangs with it). It must pickle: the
@@ -93,7 +96,7 @@ class Settings:
         """The flat keys as model-config.yaml writes them, JSON-ready, for describe output and
         logs (no secrets in settings)."""
         view: dict[str, Any] = {"model_path": str(self.model_path)}
-        for name in ("loading", "scheduler", "limits", "serving"):
+        for name in ("loading", "scheduler", "limits", "serving", "checks"):
             view.update(asdict(getattr(self, name)))
         view["quantization"] = self.loading.quantization.value
         view["sampling"] = asdict(self.sampling)

@@ -42,6 +42,10 @@ DECLARED: tuple[MetricSpec, ...] = (
     MetricSpec("hymt_generation_latency_seconds", "histogram", "Seconds"),
     MetricSpec("hymt_output_tokens_per_second", "gauge", "Count"),
     MetricSpec("hymt_engine_info", "gauge", "Count", (*BASE_DIMENSIONS, *ENGINE_DIMENSIONS)),
+    # Texts by target language and what the language check found: ok, unsure, retried, mismatch.
+    MetricSpec(
+        "hymt_target_language_total", "counter", "Count", (*BASE_DIMENSIONS, "Target", "Result")
+    ),
 )
 
 
@@ -52,6 +56,7 @@ class Recorder(Protocol):
     def error(self, error_type: str) -> None: ...
     def batch(self, *, requests: int, rows: int) -> None: ...
     def generation(self, *, seconds: float, input_tokens: int, output_tokens: int) -> None: ...
+    def target_language(self, target: str, result: str, count: int) -> None: ...
 
 
 class NullRecorder:
@@ -67,6 +72,9 @@ class NullRecorder:
         pass
 
     def generation(self, *, seconds: float, input_tokens: int, output_tokens: int) -> None:
+        pass
+
+    def target_language(self, target: str, result: str, count: int) -> None:
         pass
 
 
@@ -147,6 +155,9 @@ class TorchServeRecorder:
         self._emit("hymt_output_tokens_total", output_tokens)
         if seconds > 0:
             self._emit("hymt_output_tokens_per_second", output_tokens / seconds)
+
+    def target_language(self, target: str, result: str, count: int) -> None:
+        self._emit("hymt_target_language_total", count, target, result)
 
 
 _LABEL_SEPARATORS = str.maketrans(":,|", "___")

@@ -8,6 +8,7 @@ from typing import Any
 from hymt_serve.core.types import GenerationResult
 from hymt_serve.request.detect import Detection
 from hymt_serve.request.documents import Document
+from hymt_serve.request.language_retry import TargetLanguage, counts, worst
 from hymt_serve.request.markup import Markup, restore, unwrap_target
 from hymt_serve.request.prompts import Template
 from hymt_serve.request.protocol import TranslationRequest
@@ -21,6 +22,7 @@ def render_response(
     markups: Sequence[Markup | None],
     request_id: str | None,
     document: Document | None = None,
+    target_language: Sequence[TargetLanguage] | None = None,
 ) -> dict[str, Any]:
     """The JSON response for a request whose texts (or document segments) were all translated.
 
@@ -28,7 +30,10 @@ def render_response(
     answer loses its ``<target>`` wrapper; text with markup behind ``<sN>`` tags gets it back
     (with how many tags the model lost; in a document, lost code and URLs are kept at the
     segment's end); a refined text lists the candidates it came from. With ``source_lang``
-    "auto" each translation (and a document's reply) says what was ``detected``.
+    "auto" each translation (and a document's reply) says what was ``detected``. With the
+    language check on (``target_language``: each row's ok, retried or mismatch) each
+    translation says its own, a single text and a document also at the top (a document: the
+    worst of its segments', and how many segments had each).
     """
     detections = request.detected
     items = []
@@ -50,6 +55,8 @@ def render_response(
             item["candidates"] = list(request.features.candidates[index])
         if detections is not None and document is None:
             item["detected"] = _detected(detections[index])
+        if target_language is not None and document is None:
+            item["target_language"] = target_language[index]
         items.append(item)
     response: dict[str, Any] = {}
     if document is not None:
@@ -60,6 +67,10 @@ def render_response(
         response["translations"] = items
     if detections is not None and (document is not None or request.single):
         response["detected"] = _detected(detections[0])
+    if target_language is not None and (document is not None or request.single):
+        response["target_language"] = worst(target_language)
+        if document is not None:
+            response["target_languages"] = counts(target_language)
     response.update(
         source_lang=request.source.code if request.source else None,
         target_lang=request.target.code,

@@ -25,6 +25,7 @@ from hymt_serve.request.documents import MARKUP_KIND, Document, split_document
 from hymt_serve.request.errors import PayloadTooLarge, ServiceError, as_service_error
 from hymt_serve.request.families import detect_profile
 from hymt_serve.request.feeding import RowFeed
+from hymt_serve.request.language_retry import Job, RetryRound, TargetLanguage
 from hymt_serve.request.markup import Markup, to_tags
 from hymt_serve.request.metrics import NullRecorder, Recorder
 from hymt_serve.request.prompts import PromptOptions, Template, build_prompt
@@ -70,7 +71,18 @@ StreamSink = Callable[[int, dict[str, Any]], None]
 # How a token callback reaches the sink's thread: called at once (batch mode) or handed to
 # the event loop (async mode).
 Hop = Callable[[Callable[[], None]], None]
-Generated = list[GenerationResult] | ServiceError
+
+
+@dataclass(frozen=True)
+class Translated:
+    """A request's results in row order, and what the language check found for each row
+    (None: the check is off)."""
+
+    results: list[GenerationResult]
+    target_language: tuple[TargetLanguage, ...] | None = None
+
+
+Generated = Translated | ServiceError
 
 
 @dataclass(frozen=True)
@@ -256,7 +268,18 @@ class TranslationService:
         except Exception as error:  # the engine failed as a whole: every request of the batch
             failure = as_service_error(error, rows=sum(len(f.futures) for f in live))
             return [failure if isinstance(f, _InFlight) else f for f in flights]
-        return self._collect(flights, started)
+        generated = self._collect(flights, started)
+        check = self._judge(outcomes, generated)
+        if check is None:
+            return generated
+        started = time.perf_counter()
+        check.start()
+        try:
+            if check.retrying:
+                self.engine.run([check.done])
+        except Exception as error:  # the retry round failed as a whole: first outputs stand
+            logger.warning("the language retry round failed: %s", type(error).__name__)
+        return self._checked(check, generated, started)
 
     async def generate_async(
         self, outcomes: Sequence[Outcome], sink: StreamSink | None = None
@@ -274,7 +297,19 @@ class TranslationService:
         dones = [flight.done for flight in flights if isinstance(flight, _InFlight)]
         if dones:
             await asyncio.wait([asyncio.wrap_future(done, loop=loop) for done in dones])
-        return self._collect(flights, started)
+        generated = self._collect(flights, started)
+        heavy = any(isinstance(o, Prepared) and o.document is not None for o in outcomes)
+        if heavy:  # a document's segments are judged off the event loop
+            check = await asyncio.to_thread(self._judge, outcomes, generated)
+        else:
+            check = self._judge(outcomes, generated)
+        if check is None:
+            return generated
+        started = time.perf_counter()
+        check.start()
+        if check.retrying:
+            await asyncio.wrap_future(check.done, loop=loop)
+        return self._checked(check, generated, started)
 
     def _submit_all(
         self, outcomes: Sequence[Outcome], sink: StreamSink | None, hop: Hop
@@ -334,10 +369,54 @@ class TranslationService:
                 flight.stream.finish(results[0].text)
             rows.extend(flight.prepared.rows)
             done.extend(results)
-            generated.append(results)
+            generated.append(Translated(results))
         if done:
             self._record(rows, done, time.perf_counter() - started)
         return generated
+
+    def _judge(
+        self, outcomes: Sequence[Outcome], generated: Sequence[Generated]
+    ) -> RetryRound | None:
+        """Each generated row's language against its target, and the rows to generate once
+        more (:mod:`.language_retry`); None when the check is off. A streamed text is judged,
+        never retried: its deltas are already sent."""
+        checks = self.settings.checks
+        if checks.target_language_check == "off":
+            return None
+        jobs = []
+        for outcome, result in zip(outcomes, generated, strict=True):
+            if not isinstance(result, Translated):
+                continue
+            assert isinstance(outcome, Prepared)
+            request = outcome.request
+            streamed = request.stream and outcome.document is None
+            retry = checks.target_language_check == "retry" and not streamed
+            sources = outcome.document.segments if outcome.document else request.texts
+            sampling = (request.sampling or self.settings.sampling) if retry else None
+            jobs.append(Job(outcome.rows, sources, result.results, request.target, sampling))
+        return RetryRound(
+            jobs,
+            checks.target_language_confidence,
+            lambda row: self.engine.submit(row),
+            self.settings.scheduler.document_window_rows,
+        )
+
+    def _checked(
+        self, check: RetryRound, generated: Sequence[Generated], started: float
+    ) -> list[Generated]:
+        """``generated`` with the retry round's outputs in place and each row's outcome; the
+        round's engine work and the outcomes go to the metrics."""
+        retries = check.retries()
+        if retries:
+            rows, results = zip(*retries, strict=True)
+            self._record(rows, results, time.perf_counter() - started)
+        checked, tally = check.outcome()
+        for (target, result), count in sorted(tally.items()):
+            self.recorder.target_language(target, result, count)
+        found = iter(checked)
+        return [
+            Translated(*next(found)) if isinstance(item, Translated) else item for item in generated
+        ]
 
     def _record(
         self, rows: Sequence[GenerationRow], results: Sequence[GenerationResult], seconds: float
@@ -376,12 +455,13 @@ class TranslationService:
             input_tokens = [len(row.prompt_ids) for row in outcome.rows]
             body = render_response(
                 outcome.request,
-                result,
+                result.results,
                 input_tokens,
                 outcome.templates,
                 outcome.markups,
                 request_id,
                 outcome.document,
+                result.target_language,
             )
             replies.append(Reply(200, body, outcome.request.stream))
         return replies
