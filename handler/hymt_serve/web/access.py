@@ -11,8 +11,8 @@ Every route is one of three kinds, by its name:
   ``Authorization: Bearer <key>`` of the key file (401 ``NEEDS_KEY``) before the route runs,
   and the route reads the key with :func:`client_key`.
 
-What a route does with a key, each a plain context manager for an ``async with``-free block
-(they never await):
+What a route does with a key (plain context managers: they never await, so they hold across
+the awaits of the block and let go even when the request is cancelled):
 
 - ``limits.hold(client_name(key))`` (:class:`.fairness.KeyLimits`): one request in progress of
   that key, 429 past ``--requests-per-key``; :func:`held` does nothing without a key;

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -210,7 +210,7 @@ def _page_routes(
     ]
 
 
-def _max_texts(torchserve: TorchServe, model: str) -> Any:
+def _max_texts(torchserve: TorchServe, model: str) -> Callable[[], Awaitable[int]]:
     """The handler's texts per request, read once it answers (16 until then)."""
     known: dict[str, int] = {}
 

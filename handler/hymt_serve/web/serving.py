@@ -2,8 +2,9 @@
 
 Why an event loop and not threads: a translation is streamed for seconds, and a thread per open
 stream (as a WSGI server gives) caps the streams at its thread count and pays a stack each.
-Here an open stream is a coroutine and a socket. Threads serve only the blocking bits
-(``threads`` of them: TorchServe's key and config files, language detection).
+Here an open stream is a coroutine and two sockets (its client's, TorchServe's). Threads serve
+only the blocking steps, ``threads`` of them at most: reading TorchServe's key and config files
+when they changed, language detection.
 
 On SIGTERM (``hymt stop``, Kubernetes) uvicorn stops accepting connections, lets the requests in
 progress finish for up to ``SHUTDOWN_GRACE_S`` (streams included), then cancels the rest and

@@ -15,8 +15,8 @@ For a route module, :class:`TorchServe` is the whole upstream:
 
 Nothing here holds a thread while it waits: a call in flight, a stream being relayed and a
 call waiting for a slot are coroutines on the event loop. TorchServe's key and config files
-are read on a worker thread (a read retries while TorchServe rewrites the key file), once per
-call.
+are read on a worker thread (a read retries while TorchServe rewrites the key file) when they
+changed, so a renewed key or a restart on other ports is picked up at the next call.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import httpx
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from hymt_serve.ops.launcher import KeyFileUnavailable, Server
+from hymt_serve.ops.launcher import KEY_FILE, KeyFileUnavailable, Server
 from hymt_serve.web.fairness import Answer, Upstream
 
 JSON, NDJSON = "application/json", "application/x-ndjson"
@@ -135,6 +135,7 @@ class TorchServe:
         self.server = server
         self.upstream = upstream or Upstream()
         self._client: httpx.AsyncClient | None = None
+        self._where: dict[str, tuple[tuple[int, ...], tuple[str, dict[str, str]]]] = {}
 
     def open(self) -> None:
         # Shared by every client's calls: never keep a cookie between them.
@@ -162,8 +163,15 @@ class TorchServe:
 
     async def where(self, api: str = "inference") -> tuple[str, dict[str, str]]:
         """``api``'s base URL and its key's headers; KeyFileUnavailable while the key file
-        stays unreadable."""
-        return await anyio.to_thread.run_sync(_where, self.server, api)
+        stays unreadable. Read again (on a worker thread) only when the config or key file
+        changed: a call otherwise costs two ``stat``s on the loop."""
+        stamp = _stamp(self.server)
+        known = self._where.get(api)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        found = await anyio.to_thread.run_sync(_where, self.server, api)
+        self._where[api] = (stamp, found)  # a change during the read makes the next stamp differ
+        return found
 
     async def post(self, model: str, body: dict[str, Any], *, bulk: bool = False) -> Answer:
         """``body`` to ``model``'s predictions, not streamed: (status, JSON object), errors as
@@ -278,6 +286,18 @@ class TorchServe:
             headers={"Content-Type": JSON, **auth},
         )
         return await self.client.send(request, stream=stream)
+
+
+def _stamp(server: Server) -> tuple[int, ...]:
+    """The config and key files' change times and sizes (0s for one that is missing)."""
+    stamp: list[int] = []
+    for path in (server.config_path, server.workdir / KEY_FILE):
+        try:
+            found = path.stat()
+            stamp += [found.st_mtime_ns, found.st_size, found.st_ino]
+        except OSError:
+            stamp += [0, 0, 0]
+    return tuple(stamp)
 
 
 def _where(server: Server, api: str) -> tuple[str, dict[str, str]]:
