@@ -2,7 +2,7 @@
 a huge LibreTranslate request.
 
 Starts what the README's demo starts (the tiny model, the CPU profile, TorchServe on loopback,
-``hymt web`` under waitress) on free ports in a temporary folder, with a key file of two keys:
+``hymt web``) on free ports in a temporary folder, with a key file of two keys:
 ``users`` for the single-sentence clients, ``bulk`` for the huge request. Phases, each measured
 from its own start, on the same TorchServe:
 
