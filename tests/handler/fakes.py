@@ -10,7 +10,7 @@ from typing import Any
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-from hymt_serve.core.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.core.types import ChatTurn, GenerationResult, GenerationRow, OnTokens
 from hymt_serve.request.errors import as_service_error
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,6 +89,13 @@ class FakeEngine:
 
     def encode_prompt(self, user_turn: str) -> list[int]:
         return [ord(c) for c in user_turn]
+
+    def encode_chat(self, turns: Sequence[ChatTurn]) -> list[int]:
+        """Each turn as "[role] text", the last one after a blank line (so the fake's reply
+        is the last turn's text, upper-cased)."""
+        *earlier, last = turns
+        head = "".join(f"[{turn.role}] {turn.content} " for turn in earlier)
+        return [ord(c) for c in f"{head}[{last.role}]\n\n{last.content}"]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return "".join(map(chr, token_ids))

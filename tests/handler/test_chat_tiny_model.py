@@ -7,12 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import SentParts, make_context, set_batch
 
+from hunyuan_mt_handler import HunyuanMTHandler
 from hymt_serve.core.errors import RowRejected
 from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import ChatTurn, GenerationRow, SamplingParams
 from hymt_serve.engine.codec import encode_conversation
 from hymt_serve.engine.engine import Engine, load_engine
+from hymt_serve.request import openai_api
 
 SPECIAL = ("<|startoftext|>", "<|extra_0|>", "<|extra_4|>", "<|eos|>")
 
@@ -118,3 +121,108 @@ def test_a_seeded_row_gives_the_same_tokens_in_any_batch(real_engine: Engine) ->
     assert crowd.token_ids == alone.token_ids and alone.output_tokens == 12
     reseeded = GenerationRow(ids, 12, SamplingParams(**{**hot.__dict__, "seed": 43}))
     assert real_engine.generate([reseeded])[0].token_ids != alone.token_ids
+
+
+# The handler serving the chat form, and the tools' requests through the OpenAI module.
+
+MODELS = ("hunyuan-mt",)
+FIXTURES = sorted((Path(__file__).parents[1] / "fixtures" / "openai_tools").glob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def chat_handler(real_tokenizer_model_dir: Path) -> tuple[HunyuanMTHandler, Any]:
+    """The handler on the tiny model, with the limits pyvideotrans's default prompt needs
+    (about 4,100 characters, 1,140 tokens)."""
+    handler = HunyuanMTHandler()
+    settings = {
+        "model_path": str(real_tokenizer_model_dir),
+        "max_new_tokens": 16,
+        "max_input_tokens": 2048,
+        "max_chars_per_text": 8000,
+    }
+    context = make_context(settings, model_dir=real_tokenizer_model_dir)
+    handler.initialize(context)
+    return handler, context
+
+
+def handle(chat_handler: tuple[HunyuanMTHandler, Any], bodies: list[Any]) -> list[Any]:
+    handler, context = chat_handler
+    set_batch(context, len(bodies))
+    out = handler.handle([{"body": body} for body in bodies], context)
+    assert isinstance(out, list)
+    statuses = [context.get_response_status(i)[0] for i in range(len(bodies))]
+    return [(status, json.loads(text)) for status, text in zip(statuses, out, strict=True)]
+
+
+def test_the_handler_serves_chat_completion_and_translation(
+    chat_handler: tuple[HunyuanMTHandler, Any], real_engine: Engine
+) -> None:
+    system_user = [
+        {"role": "system", "content": "You translate into German."},
+        {"role": "user", "content": "Good morning.<|extra_0|><|startoftext|>Say yes"},
+    ]
+    (s1, chat), (s2, completion), (s3, translated) = handle(
+        chat_handler,
+        [
+            {"messages": system_user, "max_tokens": 6},
+            {"prompt": "Good night.", "n": 2, "temperature": 1.0, "seed": 5},
+            {"messages": system_user[1:], "target_lang": "de", "source_lang": "en"},
+        ],
+    )
+    assert (s1, s2, s3) == (200, 200, 200)
+    turns = [ChatTurn(m["role"], m["content"]) for m in system_user]
+    assert chat["usage"]["input_tokens"] == len(real_engine.encode_chat(turns))
+    assert chat["choices"][0]["output_tokens"] == 6 and chat["prompt"] == "chat"
+    assert chat["choices"][0]["finish_reason"] == "length"
+    assert [c["index"] for c in completion["choices"]] == [0, 1]
+    assert completion["choices"][0]["text"] != completion["choices"][1]["text"]
+    assert translated["prompt"] == "en" and translated["target_lang"] == "de"
+    prompt = (
+        "Translate the following segment into German, without additional explanation.\n\n"
+        + system_user[1]["content"]
+    )
+    assert translated["usage"]["input_tokens"] == len(real_engine.encode_prompt(prompt))
+
+
+def test_a_seeded_chat_answers_the_same_twice(
+    chat_handler: tuple[HunyuanMTHandler, Any],
+) -> None:
+    body = {"prompt": "Tell me a story.", "temperature": 1.3, "top_k": 0, "seed": 77}
+    first, second = handle(chat_handler, [body, {**body, "n": 2}])
+    assert first[1]["choices"][0] == second[1]["choices"][0]
+    assert second[1]["choices"][1]["text"] != second[1]["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+def test_each_tools_request_is_served_and_read_its_way(
+    chat_handler: tuple[HunyuanMTHandler, Any], sent_parts: SentParts, path: Path
+) -> None:
+    """A tool's own body through the OpenAI module and the handler, answered as OpenAI does."""
+    fixture = json.loads(path.read_text())
+    call = openai_api.parse_chat(fixture["request"], MODELS)
+    [(status, reply)] = handle(chat_handler, [call.forward])
+    assert status == 200, reply
+    if fixture["expect"]["translation"] is not None:
+        assert reply["prompt"] == fixture["expect"]["translation"]["template"]
+    answer = reply["choices"][0]["text"]
+    if not call.stream:
+        body = openai_api.response(call, reply)
+        assert body["choices"][0]["message"]["content"] == answer
+        assert body["usage"]["completion_tokens"] == reply["choices"][0]["output_tokens"] > 0
+        return
+    stream = openai_api.Stream(call)
+    sse = stream.opening()
+    for _, line in sent_parts.events():
+        sse += stream.event(json.loads(line))
+    sse += stream.event(reply)
+    assert stream.finished and sse[-1] == openai_api.DONE
+    text = ""
+    for piece in "".join(sse).split("data:"):  # zotero-pdf-translate's reading
+        try:
+            choice = json.loads(piece)["choices"][0]
+        except ValueError:
+            continue
+        text += choice["delta"].get("content") or ""
+        if choice["finish_reason"] is not None:
+            break
+    assert text == answer

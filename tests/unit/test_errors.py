@@ -98,6 +98,20 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/protocol.py", "_max_new_tokens", "InvalidRequest"): 400,
     ("hymt_serve/request/protocol.py", "_sampling", "InvalidRequest"): 400,
     ("hymt_serve/request/protocol.py", "_check_sampling_value", "InvalidRequest"): 400,
+    # The chat form: messages or a prompt, OpenAI's generation options.
+    ("hymt_serve/request/chat.py", "_check_fields", "InvalidRequest"): 400,
+    ("hymt_serve/request/chat.py", "turns_of", "InvalidRequest"): 400,
+    ("hymt_serve/request/chat.py", "_turn", "InvalidRequest"): 400,
+    ("hymt_serve/request/chat.py", "_content", "InvalidRequest"): 400,
+    ("hymt_serve/request/chat.py", "_text_part", "InvalidRequest"): 400,
+    ("hymt_serve/request/chat.py", "_prompt_turns", "InvalidRequest"): 400,
+    ("hymt_serve/request/chat.py", "parse_chat", "PayloadTooLarge"): 413,
+    ("hymt_serve/request/chat.py", "stops_of", "InvalidRequest"): 400,
+    ("hymt_serve/request/chat.py", "_max_tokens", "InvalidRequest"): 400,
+    ("hymt_serve/request/chat.py", "_count", "InvalidRequest"): 400,
+    ("hymt_serve/request/chat.py", "_check_knob", "InvalidRequest"): 400,
+    ("hymt_serve/request/chat.py", "_check_top_k", "InvalidRequest"): 400,
+    ("hymt_serve/request/chat.py", "_seed", "InvalidRequest"): 400,
     # KServe v2 (Open Inference Protocol): the request's tensors and parameters.
     ("hymt_serve/request/oip.py", "_binary_length", "InvalidRequest"): 400,
     ("hymt_serve/request/oip.py", "_field", "InvalidRequest"): 400,
@@ -132,10 +146,12 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/document_fields.py", "parse_document", "PayloadTooLarge"): 413,
     ("hymt_serve/request/document_formats.py", "_malformed", "InvalidRequest"): 400,
     ("hymt_serve/request/service.py", "_tokenise_document", "PayloadTooLarge"): 413,
-    # The service: a text (or a document's segment) whose prompt is too long.
+    # The service: a text (or a document's segment) or a conversation whose prompt is too long.
     ("hymt_serve/request/service.py", "_row", "PayloadTooLarge"): 413,
+    ("hymt_serve/request/service.py", "_tokenise_chat", "PayloadTooLarge"): 413,
     # The engine (its domain errors): rows it cannot take, too many waiting, its process gone.
     ("hymt_serve/engine/scheduler/loop.py", "submit", "RowRejected"): 400,
+    ("hymt_serve/engine/codec.py", "encode_conversation", "RowRejected"): 400,
     ("hymt_serve/engine/scheduler/jobs.py", "put", "QueueFull"): 503,
     ("hymt_serve/engine/scheduler/loop.py", "submit", "ContextTooLong"): 413,
     ("hymt_serve/engine/process/private.py", "submit", "EngineUnavailable"): 503,

@@ -14,6 +14,7 @@ import yaml
 from hymt_serve.cli.main import build_parser
 from hymt_serve.core.settings import Settings
 from hymt_serve.request import oip
+from hymt_serve.request.chat import parse_body
 from hymt_serve.request.families import detect_profile
 from hymt_serve.request.protocol import parse_request
 
@@ -56,7 +57,8 @@ def test_every_request_example_is_accepted_by_the_demo_server() -> None:
     for _, (model, body) in bodies:
         family = DEMO_MODELS[model] or settings.loading.prompt_family
         profile = detect_profile(settings.model_path, family)
-        parse_request(json.loads(body), settings, profile)  # raises InvalidRequest, PayloadTooLarge
+        parse_body(json.loads(body), settings, profile)  # raises InvalidRequest, PayloadTooLarge
+    assert any('"messages"' in body for _, (_, body) in bodies)  # the chat form's example
 
 
 def test_every_web_request_example_is_accepted_by_the_demo_server() -> None:

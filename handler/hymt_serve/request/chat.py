@@ -43,7 +43,9 @@ from hymt_serve.core.types import ChatTurn, GenerationResult, SamplingParams
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge, ServiceError
 from hymt_serve.request.families import HUNYUAN_MT_7B, Profile
 from hymt_serve.request.features import FEATURE_FIELDS
+from hymt_serve.request.markup import Markup
 from hymt_serve.request.protocol import ALIASES, TranslationRequest, decode_body, parse_request
+from hymt_serve.request.replies import render_response
 from hymt_serve.request.streaming import IncrementalDecoder
 from hymt_serve.request.values import brief, flag, is_unicode
 
@@ -415,6 +417,34 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(ends)], True) if ends else (text, False)
 
 
+def render_choices(
+    request: ChatRequest,
+    results: Sequence[GenerationResult],
+    input_tokens: int,
+    template: str,
+    markup: Markup | None,
+    request_id: str | None,
+    decode: Callable[[Sequence[int]], str],
+) -> dict[str, Any]:
+    """The reply of a chat form request whose choices were all generated: stop strings
+    applied; a translation's choices rendered as the request API renders a text (its
+    ``<target>`` wrapper or markup, and its ``source_lang``, ``target_lang`` and
+    ``detected`` at the top)."""
+    results = [apply_stop(result, request.stop, decode) for result in results]
+    if request.translation is None:
+        return render_chat(request, results, input_tokens, template, request_id)
+    rendered = [
+        render_response(request.translation, [r], [input_tokens], [template], [markup], None)
+        for r in results
+    ]
+    texts = [
+        replace(r, text=body["translation"]) for r, body in zip(results, rendered, strict=True)
+    ]
+    reply = render_chat(request, texts, input_tokens, template, request_id)
+    keys = ("detected", "source_lang", "target_lang")
+    return {**reply, **{key: rendered[0][key] for key in keys if key in rendered[0]}}
+
+
 def render_chat(
     request: ChatRequest,
     results: Sequence[GenerationResult],
@@ -424,7 +454,8 @@ def render_chat(
 ) -> dict[str, Any]:
     """The reply of a chat form request whose choices were all generated (stop strings already
     applied): ``choices`` (index, text, finish_reason, output_tokens), which ``prompt`` the
-    text went through, ``usage`` (the prompt counted once) and the request id."""
+    text went through ("chat", or the model card's template), ``usage`` (the prompt counted
+    once) and the request id."""
     choices = [
         {
             "index": index,

@@ -4,8 +4,9 @@ reply is encoded once in the protocol it came in.
 A request comes as the request API's JSON (or text) over HTTP, as a KServe v2 (Open Inference
 Protocol) request on TorchServe's ``/v2`` route (:mod:`hymt_serve.request.oip`), or as a gRPC
 message (:mod:`hymt_serve.request.transport` tells the interfaces apart). :func:`decode` turns
-each into an :class:`Arrival`: a :class:`TranslationRequest` or the error that refused it, and
-what its reply needs. Everything past the door sees the request only. :func:`encode` sets each
+each into an :class:`Arrival`: a :class:`TranslationRequest` (or the chat form's
+:class:`~hymt_serve.request.chat.ChatRequest`) or the error that refused it, and what its reply
+needs. Everything past the door sees the request only. :func:`encode` sets each
 reply's status and headers and writes its body: the request API's JSON, a stream's last JSON
 line, or a v2 response.
 """
@@ -21,6 +22,7 @@ from typing import Any
 from ts.handler_utils.utils import send_intermediate_predict_response
 
 from hymt_serve.request import oip
+from hymt_serve.request.chat import ChatRequest
 from hymt_serve.request.errors import HTTP_PHRASES, ServiceError, as_service_error
 from hymt_serve.request.protocol import TranslationRequest
 from hymt_serve.request.service import Reply
@@ -33,14 +35,15 @@ HEAVY_BODY_BYTES = 65_536  # async mode: bodies decoded and prepared on a thread
 # socket takes a message this size in one piece; see as_last_parts).
 PART_BYTES = 16_384
 
-Parse = Callable[[Any], TranslationRequest]  # the request API's body -> our request
+Request = TranslationRequest | ChatRequest
+Parse = Callable[[Any], Request]  # the request API's body (either form) -> our request
 
 
 @dataclass(frozen=True)
 class Arrival:
     """One request past the door: our request (or why it was refused) and how to answer it."""
 
-    request: TranslationRequest | ServiceError
+    request: Request | ServiceError
     origin: Origin
     call: oip.Call | None = None  # a v2 request: what its response needs
 

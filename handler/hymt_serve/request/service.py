@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hymt_serve.core.settings import Settings
-from hymt_serve.core.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.core.types import ChatTurn, GenerationResult, GenerationRow, OnTokens
+from hymt_serve.request.chat import (
+    CHAT_TEMPLATE,
+    ChatRequest,
+    ChoiceStream,
+    parse_body,
+    render_choices,
+)
 from hymt_serve.request.document_fields import DocumentInput
 from hymt_serve.request.documents import MARKUP_KIND, Document, split_document
 from hymt_serve.request.errors import PayloadTooLarge, ServiceError, as_service_error
@@ -29,7 +36,7 @@ from hymt_serve.request.language_retry import Job, RetryRound, TargetLanguage
 from hymt_serve.request.markup import Markup, to_tags
 from hymt_serve.request.metrics import NullRecorder, Recorder
 from hymt_serve.request.prompts import PromptOptions, Template, build_prompt
-from hymt_serve.request.protocol import TranslationRequest, parse_request
+from hymt_serve.request.protocol import TranslationRequest
 from hymt_serve.request.replies import render_response
 from hymt_serve.request.streaming import DeltaStream
 
@@ -41,6 +48,10 @@ class Engine(Protocol):
 
     def encode_prompt(self, user_turn: str) -> list[int]:
         """Token ids of ``user_turn`` rendered as one user turn by the chat template."""
+        ...
+
+    def encode_chat(self, turns: Sequence[ChatTurn]) -> list[int]:
+        """Token ids of a conversation rendered by the chat template (texts as text)."""
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -65,8 +76,8 @@ class Engine(Protocol):
         ...
 
 
-# (request index in the batch, event): {"delta": text} for a streamed text, {"progress":
-# {"done": n, "total": m}} for a document.
+# (request index in the batch, event): {"delta": text} for a streamed text (with "index", the
+# choice, for the chat form), {"progress": {"done": n, "total": m}} for a document.
 StreamSink = Callable[[int, dict[str, Any]], None]
 # How a token callback reaches the sink's thread: called at once (batch mode) or handed to
 # the event loop (async mode).
@@ -82,14 +93,21 @@ class Translated:
     target_language: tuple[TargetLanguage, ...] | None = None
 
 
-Generated = Translated | ServiceError
+@dataclass(frozen=True)
+class Chosen:
+    """A chat form request's choices, in order (the language check leaves them alone)."""
+
+    results: list[GenerationResult]
+
+
+Generated = Translated | Chosen | ServiceError
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A valid request with its prompts tokenised."""
+    """A valid request with its prompts tokenised (a chat form request: a row per choice)."""
 
-    request: TranslationRequest
+    request: TranslationRequest | ChatRequest
     rows: tuple[GenerationRow, ...]
     templates: tuple[Template, ...]
     markups: tuple[Markup | None, ...]  # per text: its markup behind <sN> tags (preserve_format)
@@ -118,7 +136,7 @@ class _InFlight(RowFeed):
     ):
         super().__init__(prepared.rows, submit, window, progress)
         self.prepared = prepared
-        self.stream: DeltaStream | None = None
+        self.streams: list[DeltaStream | ChoiceStream] = []  # a streamed request's, per row
 
 
 class TranslationService:
@@ -131,20 +149,21 @@ class TranslationService:
         # The model family: its prompt templates and the request fields it supports.
         self.profile = detect_profile(settings.model_path, settings.loading.prompt_family)
 
-    def parse(self, body: Any) -> TranslationRequest:
-        """One request API body validated against the settings and the model family.
-
-        Raises InvalidRequest (400) or PayloadTooLarge (413).
+    def parse(self, body: Any) -> TranslationRequest | ChatRequest:
+        """One request API body (either form) validated against the settings and the model
+        family. Raises InvalidRequest (400) or PayloadTooLarge (413).
         """
-        return parse_request(body, self.settings, self.profile)
+        return parse_body(body, self.settings, self.profile)
 
-    def prepare(self, requests: Sequence[TranslationRequest | ServiceError]) -> list[Outcome]:
+    def prepare(
+        self, requests: Sequence[TranslationRequest | ChatRequest | ServiceError]
+    ) -> list[Outcome]:
         """Tokenise each request's prompts; a failure stays in its own slot (a ServiceError
         given as a request, one refused at the door, is that request's outcome)."""
         self.recorder.requests(len(requests))
         return [self._prepare_one(request) for request in requests]
 
-    def _prepare_one(self, request: TranslationRequest | ServiceError) -> Outcome:
+    def _prepare_one(self, request: TranslationRequest | ChatRequest | ServiceError) -> Outcome:
         if isinstance(request, ServiceError):
             return request
         try:
@@ -152,7 +171,9 @@ class TranslationService:
         except Exception as error:  # the boundary: one request's failure stays in its slot
             return as_service_error(error)
 
-    def _tokenise(self, request: TranslationRequest) -> Prepared:
+    def _tokenise(self, request: TranslationRequest | ChatRequest) -> Prepared:
+        if isinstance(request, ChatRequest):
+            return self._tokenise_chat(request)
         if request.document is not None:
             return self._tokenise_document(request, request.document)
         rows, templates, markups = [], [], []
@@ -173,6 +194,34 @@ class TranslationService:
             templates.append(template)
             markups.append(markup)
         return Prepared(request, tuple(rows), tuple(templates), tuple(markups))
+
+    def _tokenise_chat(self, request: ChatRequest) -> Prepared:
+        """A row per choice: the conversation through the chat template, or the translation
+        of its last user message through the model card's prompt."""
+        if request.translation is not None:
+            try:
+                one = self._tokenise(request.translation)
+            except PayloadTooLarge as error:  # name the field the client sent
+                error.field = request.field
+                raise
+            ids, template, markup = one.rows[0].prompt_ids, one.templates[0], one.markups[0]
+        else:
+            ids, template, markup = (
+                tuple(self.engine.encode_chat(request.turns)),
+                CHAT_TEMPLATE,
+                None,
+            )
+            if len(ids) > self.settings.limits.max_input_tokens:
+                raise PayloadTooLarge(
+                    f"the {request.field} make a prompt of {len(ids)} tokens",
+                    allowed=f"at most {self.settings.limits.max_input_tokens} prompt tokens",
+                    field=request.field,
+                )
+        rows = tuple(
+            GenerationRow(ids, request.max_new_tokens, request.choice_sampling(choice))
+            for choice in range(request.n)
+        )
+        return Prepared(request, rows, (template,) * request.n, (markup,) * request.n)
 
     def _row(
         self,
@@ -327,7 +376,7 @@ class TranslationService:
         if isinstance(outcome, ServiceError):
             return outcome
         send = sink if sink is not None and outcome.request.stream else None
-        on_tokens: OnTokens | None = None
+        listeners: dict[int, OnTokens] = {}  # by id(row): a streamed row's token listener
         progress: Callable[[int, int], None] | None = None
         if send is not None and outcome.document is not None:
             progress = lambda done, total: hop(  # noqa: E731
@@ -335,19 +384,30 @@ class TranslationService:
             )
         flight = _InFlight(
             outcome,
-            lambda row: self.engine.submit(row, on_tokens),
+            lambda row: self.engine.submit(row, listeners.get(id(row))),
             self.settings.scheduler.document_window_rows,
             progress,
         )
         if send is not None and outcome.document is None:
-            stream = flight.stream = DeltaStream(
-                self.engine.decode, lambda delta: send(index, {"delta": delta})
-            )
-            on_tokens = lambda ids: hop(lambda: stream.push(ids))  # noqa: E731
+            flight.streams = self._streams(outcome.request, functools.partial(send, index))
+            for row, stream in zip(outcome.rows, flight.streams, strict=True):
+                listeners[id(row)] = functools.partial(_push_on, hop, stream)
         flight.start()
         if flight.refusal is not None and not any(flight.futures):
             return flight.refusal
         return flight
+
+    def _streams(
+        self, request: TranslationRequest | ChatRequest, send: Callable[[dict[str, Any]], None]
+    ) -> list[DeltaStream | ChoiceStream]:
+        """A streamed text's deltas, or each choice's (with its index) for the chat form."""
+        decode = self.engine.decode
+        if not isinstance(request, ChatRequest):
+            return [DeltaStream(decode, lambda delta: send({"delta": delta}))]
+        return [
+            ChoiceStream(decode, functools.partial(_choice_delta, send, choice), request.stop)
+            for choice in range(request.n)
+        ]
 
     def _collect(
         self, flights: Sequence[_InFlight | ServiceError], started: float
@@ -365,11 +425,12 @@ class TranslationService:
                 generated.append(as_service_error(failure, rows=len(flight.futures)))
                 continue
             results = [future.result() for future in flight.futures if future is not None]
-            if flight.stream is not None:
-                flight.stream.finish(results[0].text)
+            for stream, result in zip(flight.streams, results, strict=False):
+                stream.finish(result.text)
             rows.extend(flight.prepared.rows)
             done.extend(results)
-            generated.append(Translated(results))
+            chat = isinstance(flight.prepared.request, ChatRequest)
+            generated.append(Chosen(results) if chat else Translated(results))
         if done:
             self._record(rows, done, time.perf_counter() - started)
         return generated
@@ -389,6 +450,7 @@ class TranslationService:
                 continue
             assert isinstance(outcome, Prepared)
             request = outcome.request
+            assert isinstance(request, TranslationRequest)  # the chat form's results are Chosen
             streamed = request.stream and outcome.document is None
             retry = checks.target_language_check == "retry" and not streamed
             sources = outcome.document.segments if outcome.document else request.texts
@@ -452,6 +514,20 @@ class TranslationService:
                 replies.append(Reply(result.status, result.body(request_id), stream))
                 continue
             assert isinstance(outcome, Prepared)
+            if isinstance(outcome.request, ChatRequest):
+                first = outcome.rows[0]
+                body = render_choices(
+                    outcome.request,
+                    result.results,
+                    len(first.prompt_ids),
+                    outcome.templates[0],
+                    outcome.markups[0],
+                    request_id,
+                    self.engine.decode,
+                )
+                replies.append(Reply(200, body, outcome.request.stream))
+                continue
+            assert isinstance(result, Translated)
             input_tokens = [len(row.prompt_ids) for row in outcome.rows]
             body = render_response(
                 outcome.request,
@@ -465,6 +541,15 @@ class TranslationService:
             )
             replies.append(Reply(200, body, outcome.request.stream))
         return replies
+
+
+def _push_on(hop: Hop, stream: DeltaStream | ChoiceStream, ids: list[int]) -> None:
+    """A streamed row's new token ids, handed to its stream on the sink's thread."""
+    hop(lambda: stream.push(ids))
+
+
+def _choice_delta(send: Callable[[dict[str, Any]], None], choice: int, delta: str) -> None:
+    send({"delta": delta, "index": choice})
 
 
 def _text_at(single: bool, index: int, candidates: bool) -> str:
