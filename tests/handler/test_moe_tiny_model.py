@@ -92,3 +92,9 @@ def test_the_handler_translates_with_it(moe_dir: Path, engine_kind: str) -> None
     assert all(t["output_tokens"] <= 6 for reply in out[:3] for t in reply["translations"])
     assert out[3]["error_type"] == "same_language"
     assert handler.describe()["engine"]["engine"] == engine_kind
+
+
+def test_sampled_requests_default_to_its_cards_sampling(moe_dir: Path) -> None:
+    sampling = Settings.from_mapping({"model_path": str(moe_dir)}, environ={}).sampling
+    assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.7, 1.0, 0)
+    assert sampling.repetition_penalty == 1.0

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,7 @@ def test_the_public_view_keeps_the_flat_keys_of_model_config() -> None:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [({"quantize_lm_head": True, "quantization": "nf4"}, "quantize_lm_head needs quantization"),
-     ({"top_k": 0}, "top_k must be an integer in [1, 1000], got 0"),
+     ({"top_k": -1}, "top_k must be an integer in [0, 1000], got -1"),
      ({"document_length_factor": 0.0}, "document_length_factor must be a number in (0.0, 100.0]"),
      ({"share_engine": "yes"}, "share_engine must be true or false, got 'yes'")],
 )  # fmt: skip
@@ -206,3 +207,21 @@ def test_quantization_knows_its_engine_and_head() -> None:
     assert not Quantization.FP8.fits_checkpoint(Quantization.GPTQ_INT4)
     assert Quantization.NONE.fits_checkpoint(Quantization.FP8)
     assert not Quantization.INT8.fits_checkpoint(Quantization.FP8)
+
+
+def test_sampling_defaults_come_from_the_folders_generation_config(tmp_path: Path) -> None:
+    """Hy-MT2-30B-A3B recommends other sampling than the 7B family: its folder says so."""
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.7, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0})
+    )
+    settings = Settings.from_mapping({"model_path": str(tmp_path)}, environ={})
+    assert (settings.sampling.top_p, settings.sampling.top_k) == (1.0, 0)
+    assert settings.sampling.repetition_penalty == 1.0
+    # the handler section still decides what it names
+    chosen = Settings.from_mapping({"model_path": str(tmp_path), "top_k": 40}, environ={})
+    assert chosen.sampling.top_k == 40
+    # a folder without the file, or without sampling keys, keeps the defaults
+    assert Settings.from_mapping({"model_path": "/m"}, environ={}).sampling.top_k == 20
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 2.0}))
+    with pytest.raises(ConfigurationError, match=r"generation_config\.json: top_p must be"):
+        Settings.from_mapping({"model_path": str(tmp_path)}, environ={})

@@ -284,13 +284,15 @@ _DEFAULTS = SamplingParams()
 @dataclass(frozen=True, kw_only=True)
 class Sampling:
     """Sampling defaults of requests that ask for ``"sampling": true``, and the bounds of a
-    request's own values."""
+    request's own values. A key the handler section leaves out comes from the model folder's
+    ``generation_config.json`` when it names it (the card's recommendation: Hy-MT2-30B-A3B's
+    differs from the 7B family's), else from the defaults here (Hunyuan-MT-7B's card)."""
 
     temperature: float = bounded(
         _DEFAULTS.temperature, 0.0, 10.0, "Softmax temperature.", low_open=True
     )
     top_p: float = bounded(_DEFAULTS.top_p, 0.0, 1.0, "Nucleus probability mass.", low_open=True)
-    top_k: int = bounded(_DEFAULTS.top_k, 1, 1_000, "Candidates kept per step.")
+    top_k: int = bounded(_DEFAULTS.top_k, 0, 1_000, "Candidates kept per step (0: no limit).")
     repetition_penalty: float = bounded(
         _DEFAULTS.repetition_penalty, 0.0, 10.0, "Penalty of tokens already seen.", low_open=True
     )

@@ -11,6 +11,7 @@ path is read against the model archive's folder.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,7 @@ from hymt_serve.core.config import (
     Scheduler,
     Serving,
     Spec,
+    spec_of,
     specs,
 )
 from hymt_serve.core.errors import ConfigurationError
@@ -70,6 +72,7 @@ class Settings:
                 f"unknown handler setting(s) {unknown}; allowed: {sorted(known)}"
             )
         model_path = _model_path(values.pop("model_path", None), model_dir, environ)
+        values = {**folder_sampling(model_path), **values}
         concerns = {name: _build(config, values) for name, config in CONCERNS.items()}
         sampling: Sampling = concerns.pop("sampling")
         settings = cls(model_path=model_path, sampling=sampling.params(), **concerns)
@@ -115,6 +118,33 @@ def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     except (OSError, ValueError):  # no cgroup v2 here, or a file of another shape
         pass
     return cpus
+
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def folder_sampling(model_path: Path) -> dict[str, Any]:
+    """The sampling keys a model folder's ``generation_config.json`` names (temperature, top_p,
+    top_k, repetition_penalty; top_k -1 or 0 meaning no limit, as 0); none without the file.
+    Raises ConfigurationError, naming the file, for a value outside the setting's bounds."""
+    try:
+        config = json.loads((model_path / GENERATION_CONFIG).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    found = {key: config[key] for key in SAMPLING_KEYS if config.get(key) is not None}
+    if found.get("top_k") == -1:
+        found["top_k"] = 0
+    for key, value in found.items():
+        try:
+            _check(key, spec_of(Sampling, key), value)
+        except ConfigurationError as error:
+            raise ConfigurationError(f"{model_path / GENERATION_CONFIG}: {error}") from None
+    return found
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
 def _model_path(value: Any, model_dir: str | os.PathLike[str], environ: Mapping[str, str]) -> Path:
