@@ -36,10 +36,13 @@ except ImportError:  # the CPU image has no Triton; grouped_experts serves there
     tl = None
 
 # Up to this many (token, expert) pairs the pair kernels run. Each pair reads its expert's
-# rows whatever the others chose, so the bytes grow with the pairs where the grouped path's
-# grow with the distinct experts. Repeats of an expert come mostly from L2 (see the module's
-# note), and up to here the saved launches outweigh that; above it, prefill's many tokens
-# take the grouped GEMMs on tensor cores.
+# rows whatever the others chose: HBM still serves each chosen expert about once (the repeats
+# run side by side and come from L2), but L2 serves every pair. At Hy-MT2-30B-A3B's routing
+# (8 of 128 plus the shared expert) 128 pairs are 14 tokens touching about 77 experts, some
+# 0.72 GB of HBM a layer, while the pairs read 1.2 GB through L2: about where L2's bandwidth
+# (roughly twice HBM's) stops hiding the repeats. Past it the grouped GEMMs, reading each
+# expert once on tensor cores, should win. An estimate from those bytes, not a timing: timing
+# both paths at each token count settles it.
 MAX_PAIRS = 128
 
 
@@ -56,6 +59,10 @@ class Tiles(NamedTuple):
     down_warps: int
 
 
+# Chosen for loads in flight, not timed: gate/up at one token is 9 pairs x 96 blocks of 8
+# rows, some 6 programs an SM each with 16 rows x 256 inputs (8 KiB) loading; down at one
+# token is 1,024 programs, each with its 9 pairs x 2 rows x 128 inputs (4.5 KiB) loading.
+# Both load 16 bytes a thread and spill nothing on sm_90 (72 and 96 registers).
 TILES = Tiles(gate_rows=8, gate_k=256, gate_warps=4, down_rows=2, down_k=128, down_warps=4)
 
 
