@@ -212,15 +212,20 @@ def _frame_ids(tokenizer: Any, frame: str) -> list[int]:
 
 def folder_stop_ids(folder: Path) -> set[int]:
     """The end ids a model folder's ``config.json`` and ``generation_config.json`` name
-    (``eos_token_id``, one or a list, and ``eod_token_id``): Hy-MT2-30B-A3B ends on 120025
-    and 120026, and its tokenizer's texts for them differ between its releases."""
+    (``eos_token_id``, one or a list) and, for ``hy_v3``, ``eod_token_id``: Hy-MT2-30B-A3B ends
+    on 120025 and 120026, and its tokenizer's texts for them differ between its releases. (The
+    dense family's configs carry an ``eod_token_id`` too, transformers' default, that is no
+    end of theirs.)"""
     ids: set[int] = set()
+    keys = ["eos_token_id"]
     for name in ("config.json", "generation_config.json"):
         try:
             config = json.loads((folder / name).read_text())
         except (OSError, ValueError):
             continue
-        for key in ("eos_token_id", "eod_token_id"):
+        if isinstance(config, dict) and config.get("model_type") == "hy_v3":
+            keys.append("eod_token_id")
+        for key in keys:
             value = config.get(key) if isinstance(config, dict) else None
             values = value if isinstance(value, list) else [value]
             ids |= {v for v in values if isinstance(v, int) and not isinstance(v, bool)}
