@@ -230,6 +230,27 @@ def test_translations_become_output_tensors() -> None:
     assert outputs["output_tokens"]["data"] == [3, 4]
 
 
+def test_the_language_checks_outcome_is_an_output_tensor_and_document_parameters() -> None:
+    body = reply_body()
+    for item, outcome in zip(body["translations"], ("ok", "retried"), strict=True):
+        item["target_language"] = outcome
+    outputs = {t["name"]: t for t in oip.Call(None, None).response(body, "m")["outputs"]}
+    assert outputs["target_language"]["data"] == ["ok", "retried"]
+    assert "target_language" not in {  # the check off: no tensor
+        t["name"] for t in oip.Call(None, None).response(reply_body(), "m")["outputs"]
+    }
+    _, call = oip.unwrap({**v2(text_input("a"), target_lang="fr"),
+                          "outputs": [{"name": "target_language"}]}, {})  # fmt: skip
+    assert call is not None
+    assert [t["name"] for t in call.response(body, "m")["outputs"]] == ["target_language"]
+    document = {"document": "x", "format": "text", "segments": 3, "finish_reasons": {"stop": 3},
+                "untranslated_segments": 0, "format_tags_lost": 0, "target_language": "mismatch",
+                "target_languages": {"ok": 1, "retried": 1, "mismatch": 1}}  # fmt: skip
+    parameters = oip.Call(None, None).response(reply_body(**document), "m")["parameters"]
+    assert parameters["target_language"] == "mismatch"
+    assert (parameters["segments_retried"], parameters["segments_mismatched"]) == (1, 1)
+
+
 def test_only_the_outputs_asked_for_and_the_clients_id() -> None:
     body = {**v2(text_input("a"), target_lang="fr"), "id": "mine"}
     body["outputs"] = [{"name": "finish_reason"}, {"name": "translation"}]

@@ -69,6 +69,7 @@ TEXT_OUTPUTS = (
     "input_tokens",
     "output_tokens",
     "format_tags_lost",
+    "target_language",
 )
 DOCUMENT_OUTPUTS = ("document",)
 
@@ -91,6 +92,10 @@ class Call:
                 "untranslated_segments": body["untranslated_segments"],
                 "format_tags_lost": body["format_tags_lost"],
             }
+            if "target_languages" in body:  # the language check's outcome, when it ran
+                parameters["target_language"] = body["target_language"]
+                parameters["segments_retried"] = body["target_languages"]["retried"]
+                parameters["segments_mismatched"] = body["target_languages"]["mismatch"]
         else:
             outputs = list(_text_outputs(body["translations"]))
             parameters = {}
@@ -314,6 +319,8 @@ def _text_outputs(items: Sequence[Mapping[str, Any]]) -> Iterator[dict[str, Any]
     if any("format_tags_lost" in item for item in items):
         lost = [item.get("format_tags_lost", 0) for item in items]
         yield _tensor("format_tags_lost", "INT64", lost)
+    if all("target_language" in item for item in items):  # the language check ran
+        yield _tensor("target_language", "BYTES", [item["target_language"] for item in items])
 
 
 def _tensor(name: str, datatype: str, data: list[Any]) -> dict[str, Any]:

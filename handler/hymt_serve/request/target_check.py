@@ -69,8 +69,8 @@ WRITTEN_IN: dict[str, frozenset[str]] = {
     "kk": frozenset({"CYRILLIC", "ARABIC"}),
     "mn": frozenset({"CYRILLIC", "MONGOLIAN"}),
 }
-# Languages the detector confuses with each other on short text (benchmarks/langid): one
-# answered for the other is no evidence of a wrong language.
+# Languages the detector confuses with each other on short text (docs/api.md): one answered
+# for the other is no evidence of a wrong language.
 CLOSE: tuple[frozenset[str], ...] = (frozenset({"ms", "id"}), frozenset({"hi", "mr"}))
 
 _SET_ASIDE = re.compile(rf"<[^<>]{{0,64}}>|{BARE_URL.pattern}|{EMAIL.pattern}")
