@@ -120,15 +120,16 @@ def test_a_sampled_request_is_retried_with_its_own_sampling() -> None:
 
 
 def test_a_batch_retries_its_wrong_rows_together_in_one_round() -> None:
+    thanks = "Thank you very much for your help."
     service, engine = service_with(
-        {**WRONG_ONCE, GREETING: [GREETING_JA], "See you at nine.": ["Нет", "Увидимся в девять."]}
-        | {"Thank you very much for your help.": ["बहुत बहुत धन्यवाद आपकी मदद के लिए"]}
-    )
+        {**WRONG_ONCE, GREETING: [GREETING_JA], "See you at nine.": ["Нет"],
+         thanks: ["बहुत बहुत धन्यवाद आपकी मदद के लिए"]}
+    )  # fmt: skip
     replies = translate(
         service,
         to_japanese([ENGLISH, GREETING]),
         {"text": "See you at nine.", "target_lang": "ru"},  # "Нет" is too short to judge
-        to_japanese("Thank you very much for your help."),
+        to_japanese(thanks),
     )
     assert [t["target_language"] for t in replies[0]["translations"]] == ["retried", "ok"]
     assert "target_language" not in replies[0]  # a list: per translation only
