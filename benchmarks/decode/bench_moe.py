@@ -46,15 +46,6 @@ KV_BYTES_PER_TOKEN = (
 )
 
 
-def build_model(layers: int | None) -> Any:
-    model = random_30b_a3b_model("cuda", layers=layers)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            if hasattr(layer.mlp, "gate"):
-                layer.mlp.gate.weight.normal_(0.0, 0.05)
-    return model
-
-
 def weight_plan(model: Any) -> dict[str, int]:
     """Bytes of the routed experts and of everything else a step reads (the embedding table
     excluded: a step reads one row of it per token)."""
@@ -157,7 +148,7 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     torch.cuda.empty_cache()  # (its 8 GiB of buffers would stay reserved beside 60 GB)
     started = time.perf_counter()
-    model = build_model(args.layers)
+    model = random_30b_a3b_model("cuda", layers=args.layers)
     built_s = time.perf_counter() - started
     plan = weight_plan(model)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

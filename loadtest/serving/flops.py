@@ -10,7 +10,8 @@ from typing import Any
 
 def flops_per_token(config: Mapping[str, Any]) -> float:
     """2 x the weights one token multiplies: each layer's q, k, v, o, gate, up and down
-    projections and the LM head. Attention over the context is left out (4 x layers x heads x
+    projections (in a mixture of experts: the experts it chooses, the shared one and the
+    router) and the LM head. Attention over the context is left out (4 x layers x heads x
     head_dim FLOPs per context position: about 0.2 % of the total at the sentence mix's
     60-position contexts, 3 % at 1,000)."""
     hidden = int(config["hidden_size"])
@@ -18,10 +19,19 @@ def flops_per_token(config: Mapping[str, Any]) -> float:
     kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = int(config.get("head_dim") or hidden // heads)
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, k, v in; o out
+    layers = int(config["num_hidden_layers"])
     mlp = 3 * hidden * int(config["intermediate_size"])
-    return 2.0 * (
-        int(config["num_hidden_layers"]) * (attention + mlp) + config["vocab_size"] * hidden
-    )
+    kinds = config.get("mlp_layer_types")
+    if config.get("num_experts") and kinds:  # a mixture: the dense layers, then per token
+        # the chosen experts and the shared one, and the router
+        width = int(config["moe_intermediate_size"])
+        chosen = int(config["num_experts_per_tok"]) + int(config.get("num_shared_experts") or 0)
+        sparse = sum(kind == "sparse" for kind in kinds[:layers])
+        per_mixture = 3 * hidden * width * chosen + hidden * int(config["num_experts"])
+        mlps = (layers - sparse) * mlp + sparse * per_mixture
+    else:
+        mlps = layers * mlp
+    return 2.0 * (layers * attention + mlps + config["vocab_size"] * hidden)
 
 
 def bf16_matmul_rate(size: int = 8192, repeats: int = 20) -> float | None:

@@ -253,7 +253,9 @@ def random_7b_model(device: str = "cuda", seed: int = 0) -> Any:
 
 def random_30b_a3b_model(device: str = "cuda", seed: int = 0, layers: int | None = None) -> Any:
     """Hy-MT2-30B-A3B's shape (``hy_v3``) with random bf16 weights, built on ``device``;
-    ``layers``: fewer layers than the real 48 (probes of one layer's cost)."""
+    ``layers``: fewer layers than the real 48 (probes of one layer's cost). The routers'
+    weights are drawn wider than transformers' init (std 0.05, not 0.006) so that tokens
+    choose varied experts, as a trained router's do, not ties that rounding decides."""
     import torch  # seconds: see build_fallback_tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -263,7 +265,12 @@ def random_30b_a3b_model(device: str = "cuda", seed: int = 0, layers: int | None
     config = AutoConfig.for_model(model_type="hy_v3", **shape)
     torch.manual_seed(seed)
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.weight.normal_(0.0, 0.05)
+    return model
 
 
 def _mute_unprintable_tokens(model: Any, tokenizer: Any, keep: set[int]) -> None:

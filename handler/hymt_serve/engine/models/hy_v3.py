@@ -24,7 +24,9 @@ from torch import Tensor, nn
 
 from hymt_serve.engine.checkpoints.fp8 import Fp8Scales
 from hymt_serve.engine.kernels.experts import grouped_experts, route, with_shared
+from hymt_serve.engine.kernels.experts_triton import pair_experts, pair_experts_applies
 from hymt_serve.engine.kernels.quantized import Int4Parts, linear
+from hymt_serve.engine.models.base import UnsupportedModelError
 from hymt_serve.engine.models.decoder import (
     compiled,
     layer_attention,
@@ -149,7 +151,9 @@ def mlp_output(x: Tensor, lw: Layer, shape: MoeShape, fns: StepFunctions) -> Ten
     chosen, weights = fns.route(x, lw.router, lw.expert_bias)
     if shape.shared_stacked:
         chosen, weights = with_shared(chosen, weights, shape.experts)
-    out = grouped_experts(x, chosen, weights, lw.experts_gate_up, lw.experts_down)
+    # few pairs (decode of a small batch): each pair's GEMV without sorting; else grouped GEMMs
+    experts = pair_experts if pair_experts_applies(x, chosen) else grouped_experts
+    out = experts(x, chosen, weights, lw.experts_gate_up, lw.experts_down)
     if not shape.shared_stacked:
         out = out + fns.dense(x, lw.shared_gate_up, lw.shared_down).float()
     return out
@@ -204,7 +208,11 @@ class HyV3:
         int4: Int4Parts | None,
         quantize_head: bool,
     ) -> ModelWeights:
-        del scales, int4  # (no FP8 or GPTQ checkpoint of hy_v3 is read yet)
+        if scales is not None or int4 is not None:
+            raise UnsupportedModelError(
+                "hy_v3 runs on the fast engine with plain weights; its FP8 and GPTQ "
+                "checkpoints are not supported yet"
+            )
         return extract_weights(model, quantize=quantize, quantize_head=quantize_head)
 
     def rope_tables(self, weights: ModelWeights, length: int) -> tuple[Tensor, Tensor]:
