@@ -143,3 +143,11 @@ def test_routing_chooses_by_biased_score_and_weighs_by_score() -> None:
 def test_quantized_hy_v3_is_refused_with_its_reason(model: PreTrainedModel) -> None:
     with pytest.raises(UnsupportedModelError, match="hy_v3"):
         build_fast_runner(tiny_model(), max_batch_size=2, max_seq_len=32, quantize="int8")
+
+
+def test_a_config_whose_dense_layers_disagree_is_refused() -> None:
+    """first_k_dense_replace (the published config's key) must agree with the layers
+    transformers built from mlp_layer_types."""
+    build_fast_runner(tiny_model(first_k_dense_replace=1), max_batch_size=2, max_seq_len=32)
+    with pytest.raises(UnsupportedModelError, match="first_k_dense_replace"):
+        build_fast_runner(tiny_model(first_k_dense_replace=2), max_batch_size=2, max_seq_len=32)

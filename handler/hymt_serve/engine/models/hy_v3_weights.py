@@ -80,6 +80,16 @@ def check_model(model: nn.Module) -> MoeShape:
     kinds = tuple(config.mlp_layer_types)  # type: ignore[union-attr]
     if set(kinds) - {"dense", "sparse"}:
         raise UnsupportedModelError(f"mlp_layer_types must be dense or sparse, got {set(kinds)}")
+    # The published config.json says first_k_dense_replace (transformers reads mlp_layer_types,
+    # defaulting to one dense layer first): a checkpoint whose two disagree is not the model
+    # transformers built, so its layers would hold the wrong weights.
+    dense_first = getattr(config, "first_k_dense_replace", None)
+    if dense_first is not None and kinds != ("dense",) * dense_first + ("sparse",) * (
+        len(kinds) - dense_first
+    ):
+        raise UnsupportedModelError(
+            f"first_k_dense_replace {dense_first} disagrees with mlp_layer_types {kinds}"
+        )
     shared = config.num_shared_experts or 0  # type: ignore[union-attr]
     return MoeShape(
         layers=config.num_hidden_layers,  # type: ignore[union-attr]
