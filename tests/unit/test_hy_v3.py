@@ -151,3 +151,22 @@ def test_a_config_whose_dense_layers_disagree_is_refused() -> None:
     build_fast_runner(tiny_model(first_k_dense_replace=1), max_batch_size=2, max_seq_len=32)
     with pytest.raises(UnsupportedModelError, match="first_k_dense_replace"):
         build_fast_runner(tiny_model(first_k_dense_replace=2), max_batch_size=2, max_seq_len=32)
+
+
+def test_the_head_runs_in_fp32_when_the_config_asks() -> None:
+    """enable_lm_head_fp32 (the published config's key): logits of a bf16 model are no
+    longer bf16 values, and match the bf16 model's final hidden state times the fp32 head."""
+    plain = build_fast_runner(tiny_model().to(torch.bfloat16), max_batch_size=2, max_seq_len=32)
+    model = tiny_model(enable_lm_head_fp32=True).to(torch.bfloat16)
+    head = model.lm_head.weight.detach().float().clone()
+    forced = torch.tensor([[5, 77]])
+    with torch.no_grad():
+        hidden = model.model(torch.tensor([[*PROMPTS[1], 5, 77]])).last_hidden_state[0]
+    fp32 = build_fast_runner(model, max_batch_size=2, max_seq_len=32)
+    assert fp32.weights.lm_head.dtype == torch.float32
+    ours = teacher_forced_logits(fp32, PROMPTS[1:2], forced)[0]
+    bf16 = teacher_forced_logits(plain, PROMPTS[1:2], forced)[0]
+    assert torch.equal(bf16, bf16.bfloat16().float())  # a bf16 head rounds its logits
+    assert not torch.equal(ours, ours.bfloat16().float())
+    expected = hidden[len(PROMPTS[1]) - 1 :].float() @ head.T
+    torch.testing.assert_close(ours, expected, atol=0.05, rtol=0.02)

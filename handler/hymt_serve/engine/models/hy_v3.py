@@ -123,7 +123,7 @@ def make_step_functions(shape: MoeShape, compile_: bool) -> StepFunctions:
 
     def last(mlp: Tensor, residual: Tensor, norm: Tensor, head: Tensor) -> Tensor:
         x = rms_norm(residual + mlp.to(residual.dtype), norm, shape.eps)
-        return linear(x, head, *_plain(head))[:, : shape.vocab].float()
+        return linear(x.to(head.dtype), head, *_plain(head))[:, : shape.vocab].float()
 
     fns = StepFunctions(first, post, route_, dense_mlp, next_, last)
     if not compile_:

@@ -152,6 +152,11 @@ def extract_weights(
             continue
         layers.append(MoeLayerWeights(**common, **_experts(mlp, empty)))
     lm_head = pad_rows(hf.lm_head.weight, 64)
+    if getattr(hf.config, "enable_lm_head_fp32", False):
+        # The published config asks for the head in fp32 (as SGLang runs it; transformers
+        # ignores the key): the fp32 copy replaces the model's own.
+        lm_head = lm_head.float()
+        hf.lm_head.weight.data = hf.lm_head.weight.new_empty(0)
     empty = lm_head.new_empty(0, dtype=torch.float32)
     return ModelWeights(
         embed=core.embed_tokens.weight.detach(),
