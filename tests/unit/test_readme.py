@@ -13,7 +13,7 @@ import yaml
 
 from hymt_serve.cli.main import build_parser
 from hymt_serve.core.settings import Settings
-from hymt_serve.request import oip
+from hymt_serve.request import oip, openai_api
 from hymt_serve.request.chat import parse_body
 from hymt_serve.request.families import detect_profile
 from hymt_serve.request.protocol import parse_request
@@ -83,6 +83,27 @@ def test_every_v2_example_is_accepted_by_the_demo_server() -> None:
         fields, call = oip.unwrap(json.loads(body), {"Content-Type": "application/json"})
         assert call is not None
         parse_request(fields, settings, profile)
+
+
+# A curl to the web front end's OpenAI-compatible API, then its body.
+OPENAI_CURL_BODY = re.compile(
+    r"curl [^\n]*?:8000/v1/(chat/completions|completions)[^']*?-d '(\{[^']*\})'", re.DOTALL
+)
+
+
+def test_every_openai_example_is_accepted_by_the_demo_server() -> None:
+    """Each body as the front end reads it (openai_api), then what it sends TorchServe as the
+    handler reads it."""
+    found = doc_bodies(OPENAI_CURL_BODY)
+    assert {route for _, (route, _) in found} == {"chat/completions", "completions"}
+    settings = demo_settings()
+    profile = detect_profile(settings.model_path, settings.loading.prompt_family)
+    for _, (route, body) in found:
+        parse = (
+            openai_api.parse_chat if route == "chat/completions" else openai_api.parse_completion
+        )
+        call = parse(json.loads(body), ("hunyuan-mt",))  # the front end serves one model
+        parse_body(call.forward, settings, profile)
 
 
 # A Markdown link or image whose target is a path in this repository (optionally #anchor).

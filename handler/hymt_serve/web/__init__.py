@@ -1,7 +1,8 @@
 """The web front end (``hymt web``): the translation page and its API (:mod:`.app`), Chimera
 refinement across two models (:mod:`.refine`), the LibreTranslate and DeepL compatible APIs
-with the front end's own keys (:mod:`.compat`, :mod:`.deepl_documents`, :mod:`.keys`) and
-KServe's v2 API (:mod:`.oip_routes`).
+with the front end's own keys (:mod:`.compat`, :mod:`.deepl_documents`, :mod:`.keys`),
+KServe's v2 API (:mod:`.oip_routes`) and OpenAI's chat and completion APIs
+(:mod:`.openai_routes`).
 
 A Starlette (ASGI) app served by uvicorn (:mod:`.serving`): every request and every relayed
 stream is a coroutine on one event loop, and TorchServe is called with one

@@ -4,8 +4,8 @@ Every route is one of three kinds, by its name:
 
 - ``ALWAYS_OPEN``: the page, its files and the probes (a kubelet sends no key);
 - ``OWN_KEYS``: APIs that check their own kind of client key whatever the address
-  (LibreTranslate's ``api_key``, DeepL's ``DeepL-Auth-Key``, v2's bearer key): the route
-  itself calls :func:`bearer_key` or its API's equivalent;
+  (LibreTranslate's ``api_key``, DeepL's ``DeepL-Auth-Key``, v2's and OpenAI's bearer key):
+  the route itself calls :func:`bearer_key` or its API's equivalent;
 - every other route (the page's ``/api/*``, the language and model lists): open on loopback;
   where keys are required (``require_keys``), :class:`KeyCheck` refuses it without an
   ``Authorization: Bearer <key>`` of the key file (401 ``NEEDS_KEY``) before the route runs,
@@ -39,7 +39,8 @@ from hymt_serve.web.torchserve import json_response
 
 # Open whoever asks: the page and its files, and the probes (a kubelet sends no key).
 ALWAYS_OPEN = frozenset({"page", "favicon", "static", "live", "server_ready", "model_ready"})
-# Routes that check their API's own client key whatever the address (LibreTranslate, DeepL, v2).
+# Routes that check their API's own client key whatever the address (LibreTranslate, DeepL, v2,
+# OpenAI).
 OWN_KEYS = frozenset(
     {
         "libre_translate",
@@ -51,6 +52,10 @@ OWN_KEYS = frozenset(
         "deepl_document_status",
         "deepl_document_result",
         "infer",
+        "openai_models",
+        "openai_model",
+        "openai_chat",
+        "openai_completions",
     }
 )
 QUOTA_REACHED = {

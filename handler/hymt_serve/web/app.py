@@ -7,12 +7,12 @@ handler's own answers (errors included) reach the browser. A single text is stre
 client says otherwise: the page receives TorchServe's newline-delimited JSON as it is generated.
 
 Who may call what (:mod:`.access`): the page itself and the health probes are open. The
-LibreTranslate, DeepL and v2 inference APIs always ask for a client key (each in its API's own
-way). Everything else (the page's ``/api/*``, the language and model lists) is open when the
-front end listens on loopback only, and asks for a client key (``Authorization: Bearer <key>``,
-characters counted against its limit) when ``require_keys`` (``hymt web`` sets it for any other
-address). Every call to TorchServe holds an upstream slot, and each client key's requests in
-progress are bounded (:mod:`.fairness`).
+LibreTranslate, DeepL, v2 inference and OpenAI APIs always ask for a client key (each in its
+API's own way). Everything else (the page's ``/api/*``, the language and model lists) is open
+when the front end listens on loopback only, and asks for a client key (``Authorization: Bearer
+<key>``, characters counted against its limit) when ``require_keys`` (``hymt web`` sets it for
+any other address). Every call to TorchServe holds an upstream slot, and each client key's
+requests in progress are bounded (:mod:`.fairness`).
 
 The app is a Starlette (ASGI) app, served by uvicorn (``hymt web``): every request, and every
 stream relayed from TorchServe, is a coroutine on one event loop, not a thread. Its lifespan
@@ -53,6 +53,7 @@ from hymt_serve.web.deepl_documents import DocumentJobs, document_routes
 from hymt_serve.web.fairness import Busy, KeyLimits, Upstream
 from hymt_serve.web.keys import ClientKeys
 from hymt_serve.web.oip_routes import oip_routes
+from hymt_serve.web.openai_routes import openai_routes
 from hymt_serve.web.refine import refine
 from hymt_serve.web.torchserve import TorchServe, json_response
 
@@ -90,12 +91,12 @@ def create_app(
 ) -> Starlette:
     """The app for the page of TorchServe ``server`` serving ``model`` (and, for
     ``/api/refine``, the Hunyuan-MT-Chimera model named ``refine_model``); with
-    ``client_keys``, also the LibreTranslate, DeepL and v2 APIs (:mod:`.compat`,
-    :mod:`.oip_routes`). ``require_keys``: every route but ``access.ALWAYS_OPEN`` needs a
-    client key (``client_keys`` required then). ``upstream``: the slots of the calls to
-    TorchServe (by default sized from ``model``'s job queue); ``limits``: each key's requests
-    in progress. The app's state holds the pieces a route module needs: ``torchserve``,
-    ``limits``, ``client_keys``."""
+    ``client_keys``, also the LibreTranslate, DeepL, v2 and OpenAI APIs (:mod:`.compat`,
+    :mod:`.oip_routes`, :mod:`.openai_routes`). ``require_keys``: every route but
+    ``access.ALWAYS_OPEN`` needs a client key (``client_keys`` required then). ``upstream``: the
+    slots of the calls to TorchServe (by default sized from ``model``'s job queue); ``limits``:
+    each key's requests in progress. The app's state holds the pieces a route module needs:
+    ``torchserve``, ``limits``, ``client_keys``."""
     if require_keys and client_keys is None:
         raise ValueError("require_keys needs client_keys")
     limits = limits or KeyLimits()
@@ -109,6 +110,7 @@ def create_app(
         jobs = DocumentJobs(torchserve.post, model, client_keys)
         routes += document_routes(jobs, client_keys)
         routes += oip_routes(torchserve, model, client_keys, limits)
+        routes += openai_routes(torchserve, model, client_keys, limits)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
