@@ -145,6 +145,17 @@ def test_models_are_listed_with_a_key(client: TestClient, keys: ClientKeys) -> N
     assert refusal(other, 404, "invalid_request_error", "model_not_found")["param"] == "model"
 
 
+def test_other_v1_paths_get_openais_404(client: TestClient, keys: ClientKeys) -> None:
+    """Clients probe /v1/embeddings and the like: they read OpenAI's error shape, key or not."""
+    for method, path in [("POST", "/v1/embeddings"), ("GET", "/v1/files"), ("POST", "/v1/x/y")]:
+        for headers in ({}, auth(keys)):
+            answer = client.request(method, path, json={}, headers=headers)
+            error = refusal(answer, 404, "invalid_request_error", "unknown_url")
+            assert error["message"] == f"Invalid URL ({method} {path})"
+    # the routes it serves are not shadowed
+    assert client.get("/v1/models", headers=auth(keys)).status_code == 200
+
+
 # --- completions, whole -------------------------------------------------------------------------
 
 

@@ -56,6 +56,7 @@ OWN_KEYS = frozenset(
         "openai_model",
         "openai_chat",
         "openai_completions",
+        "openai_unknown",
     }
 )
 QUOTA_REACHED = {

@@ -91,12 +91,21 @@ def openai_routes(
     async def openai_completions(request: Request) -> Response:
         return await complete(request, openai_api.parse_completion)
 
+    async def openai_unknown(request: Request) -> Response:
+        """Any other ``/v1`` path (embeddings, images, ...): OpenAI's 404, not the page's."""
+        path = f"{request.method} {request.url.path}"
+        return _refusal(OpenAIError(404, f"Invalid URL ({path})", code="unknown_url"))
+
     return [
         Route("/v1/models", openai_models, methods=["GET"]),
         Route("/v1/models/{name}", openai_model, methods=["GET"]),
         Route("/v1/chat/completions", openai_chat, methods=["POST"]),
         Route("/v1/completions", openai_completions, methods=["POST"]),
+        Route("/v1/{path:path}", openai_unknown, methods=[*UNKNOWN_METHODS]),
     ]
+
+
+UNKNOWN_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
 def _client_key(request: Request, keys: ClientKeys) -> ClientKey:
