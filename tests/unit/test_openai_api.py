@@ -419,3 +419,11 @@ def test_pyvideotrans_reads_finish_reason_and_the_tagged_text() -> None:
     body = api.response(call, REPLY)
     assert body["choices"][0]["finish_reason"] == "stop"  # "length" makes it raise
     assert body["choices"][0]["message"]["content"] == "Hallo"
+
+
+def test_a_refusal_names_the_limit_it_passed() -> None:
+    body = PayloadTooLarge(
+        "the messages hold 4155 characters", field="messages", allowed="at most 4000 characters"
+    ).body("r")
+    error = api.error_from_reply(413, body)
+    assert error.message == "the messages hold 4155 characters (allowed: at most 4000 characters)"

@@ -390,6 +390,9 @@ def error_from_reply(status: int, body: Any) -> OpenAIError:
     """
     found = _json_of(body)
     message = str(found.get("error") or found.get("message") or "").strip()
+    allowed = found.get("allowed")
+    if message and allowed:  # the limit the request passed ("at most 4000 characters")
+        message = f"{message} (allowed: {allowed})"
     param = found.get("field")
     kind = found.get("error_type")
     if status == 400 and kind is not None:
