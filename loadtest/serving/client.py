@@ -12,6 +12,12 @@ A job may be bad on purpose (``Job.expected_status`` 400): its 400 is an expecte
 counted apart and never as an error; anything else a request gets that its job did not expect
 (another status, no reply, a timeout) is an error. Every request's end is kept, so that a long
 level can be cut into windows afterwards (:func:`windows`).
+
+Output tokens are read from the reply's ``usage``: the request API's ``output_tokens`` and
+``input_tokens``, or OpenAI's ``completion_tokens`` and ``prompt_tokens``. A good reply that
+counts other output tokens than its job asked for is counted (``output_mismatches``): the
+systems compared must generate the same tokens (random weights never stop early, so each
+request's length is fixed by its ``max_new_tokens``).
 """
 
 from __future__ import annotations
@@ -44,11 +50,13 @@ class Job(NamedTuple):
 
 class Reply(NamedTuple):
     """What one request got: a translation's (output, prompt) tokens, or the error status its
-    job expected (``expected_error``), or else what went wrong (``error``)."""
+    job expected (``expected_error``), or else what went wrong (``error``). ``other_length``:
+    the reply counts other output tokens than the job asked for."""
 
     tokens: tuple[int, int] = (0, 0)
     error: str | None = None
     expected_error: bool = False
+    other_length: bool = False
 
 
 GOOD, EXPECTED, UNEXPECTED = 0, 1, 2  # a finished request's kind (Outcome.finished)
@@ -61,6 +69,7 @@ class Outcome:
     prompt_tokens: int = 0  # as the replies count them (0: the server does not say)
     errors: int = 0  # unexpected ones
     expected_errors: int = 0
+    output_mismatches: int = 0  # good replies with other output tokens than asked for
     error_samples: list[str] = field(default_factory=list)
     finished: list[tuple[float, float, int]] = field(default_factory=list)  # (end, ms, kind)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -75,6 +84,7 @@ class Outcome:
                 self.latencies_ms.append(latency_ms)
                 self.output_tokens += reply.tokens[0]
                 self.prompt_tokens += reply.tokens[1]
+                self.output_mismatches += reply.other_length
                 self.finished.append((ended, latency_ms, GOOD))
             else:
                 self.errors += 1
@@ -89,7 +99,9 @@ class Outcome:
     def merge(self, parts: dict[str, Any]) -> None:
         self.latencies_ms.extend(parts["latencies_ms"])
         self.finished.extend(parts["finished"])
-        for name in ("output_tokens", "prompt_tokens", "errors", "expected_errors"):
+        for name in (
+            "output_tokens", "prompt_tokens", "errors", "expected_errors", "output_mismatches"
+        ):  # fmt: skip
             setattr(self, name, getattr(self, name) + parts[name])
         self.error_samples.extend(parts["error_samples"][: 5 - len(self.error_samples)])
 
@@ -121,13 +133,20 @@ def judged(job: Job, status: int, payload: bytes) -> Reply:
     if status != 200:
         return Reply(expected_error=True)
     try:
-        return Reply(tokens=_counted(json.loads(payload), job.output_tokens))
-    except ValueError as exc:
+        tokens = counted_tokens(json.loads(payload), job.output_tokens)
+    except (ValueError, TypeError, AttributeError) as exc:
         return Reply(error=f"{type(exc).__name__}: {exc}")
+    return Reply(tokens=tokens, other_length=tokens[0] != job.output_tokens)
 
 
-def _counted(answer: dict[str, Any], expected: int) -> tuple[int, int]:
+def counted_tokens(answer: dict[str, Any], expected: int) -> tuple[int, int]:
+    """(output, prompt) tokens as a reply counts them: the request API's ``usage`` (or the
+    naive server's top level) ``output_tokens`` and ``input_tokens``, or OpenAI's
+    ``completion_tokens`` and ``prompt_tokens``; ``expected`` output and 0 prompt tokens where
+    the reply does not say."""
     usage = answer.get("usage", answer)
+    if "completion_tokens" in usage:  # OpenAI's usage
+        return int(usage["completion_tokens"]), int(usage.get("prompt_tokens", 0))
     return int(usage.get("output_tokens", expected)), int(usage.get("input_tokens", 0))
 
 
@@ -302,6 +321,7 @@ def summarise(outcome: Outcome, users: int, elapsed: float) -> dict[str, Any]:
         "mean_ms": _round(statistics.fmean(outcome.latencies_ms) if done else None),
         "errors": outcome.errors,
         "expected_errors": outcome.expected_errors,
+        "output_mismatches": outcome.output_mismatches,
         "error_samples": outcome.error_samples,
     }
 

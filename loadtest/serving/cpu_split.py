@@ -50,10 +50,11 @@ def _cpu(process: Any) -> float:
 def per_request(
     before: dict[str, float], after: dict[str, float], requests: int
 ) -> dict[str, float | None]:
-    """``<role>_cpu_ms`` per completed request for each role (None for no requests)."""
+    """``<role>_cpu_ms`` per completed request for each role of the snapshots (``ROLES``, and
+    ``web`` where the path goes through hymt web: :mod:`frontend`); None for no requests."""
     return {
         f"{role}_cpu_ms": round((after[role] - before[role]) * 1000 / requests, 3)
         if requests
         else None
-        for role in ROLES
+        for role in before
     }

@@ -18,16 +18,31 @@ TorchServe's live heap and the front-end plugin's counts at each window's end; w
 
     ... run_bench.py --skip-naive --users 256 --duration 480 --window 30 --bad-fraction 0.1 \
         --out DIR   (benchmarks/serving/frontend_jobs/gpu_soak.sh: on the GPU machine)
+
+The front end's cost (``--paths``, :mod:`frontend`): on the same TorchServe, ``hymt web`` is
+started in front of it and each user count is measured through TorchServe directly
+(``torchserve``, as always), the page's route ``/api/translate`` (``web``) and OpenAI's
+``/v1/chat/completions`` (``openai``), back to back, ``--rounds`` times in a rotated order;
+the report adds each front-end path's ratio and p50 difference to TorchServe direct against
+the goals. The handler's language check is off there (``--language-check``): the chat form is
+never checked, so the paths would otherwise not do the same work:
+
+    ... run_bench.py --skip-naive --paths torchserve,web,openai --users 64,256 --rounds 3 \
+        --duration 10 --warmup 5 --client-processes 4 --out DIR
+        (benchmarks/serving/frontend/gpu_frontend.sh: on the GPU machine)
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
+import math
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -36,6 +51,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import frontend
 import yaml
 from client import Job, drive, run_closed_loop, send, summarise, windows
 from cpu_split import CpuSnapshot, cpu_snapshot, per_request
@@ -389,6 +405,7 @@ def bench_torchserve(
         else:
             overrides[MODE_EXTRAS[extra][0]] = MODE_EXTRAS[extra][1]
     overrides.update(minWorkers=gpus * per_gpu, maxWorkers=gpus * per_gpu)
+    overrides.update(path_overrides(args, template))
     if base == "continuous":
         overrides.update({"asyncCommunication": True, "batchSize": 1})
         if args.tiny:
@@ -442,6 +459,8 @@ def bench_torchserve(
             rows = soak_levels(labels, make_job, args, sampler, lambda: frontend_state(server))
             if any(row["errors"] for row in rows):
                 save_log()
+        elif front_end_paths(args):
+            rows = measure_paths(server, jobs, args, sampler, labels, cpu, save_log, work)
         else:
             rows = measure_levels(
                 labels, make_job, args.users, args.duration, sampler, args.client_processes,
@@ -454,6 +473,129 @@ def bench_torchserve(
         return rows, cold
     finally:
         stop(server)
+
+
+def front_end_paths(args: Any) -> list[str]:
+    """The paths of ``--paths`` through hymt web (none by default)."""
+    return [path for path in getattr(args, "paths", ["torchserve"]) if path in frontend.FRONT_END]
+
+
+def path_overrides(args: Any, template: Path) -> dict[str, Any]:
+    """The archive's settings for the front-end paths: the language check as
+    ``--language-check`` says (off by default with a front-end path: the chat form's replies
+    are never checked, the request API's are, and a random model's output is judged wrong
+    often enough to be generated again), and a job queue large enough that hymt web's
+    upstream slots (``UPSTREAM_SHARE`` of it) hold every user's request."""
+    overrides: dict[str, Any] = {}
+    check = args.language_check
+    if check is None and front_end_paths(args):
+        check = "off"
+    if check not in (None, "profile"):
+        overrides["handler.target_language_check"] = check
+    if front_end_paths(args):
+        from hymt_serve.web.fairness import DEFAULT_QUEUE, UPSTREAM_SHARE
+
+        queue = int(yaml.safe_load(template.read_text()).get("jobQueueSize", DEFAULT_QUEUE))
+        if int(queue * UPSTREAM_SHARE) < max(args.users):
+            overrides["jobQueueSize"] = math.ceil(max(args.users) / UPSTREAM_SHARE) + 1
+    return overrides
+
+
+def measure_paths(
+    server: Any,
+    jobs: list[tuple[dict[str, Any], int]],
+    args: Any,
+    sampler: GpuSampler,
+    labels: dict[str, Any],
+    cpu: CpuSnapshot | None,
+    save_log: Callable[[], None],
+    work: Path,
+) -> list[dict[str, Any]]:
+    """``hymt web`` in front of ``server``; each user count through each of ``args.paths``
+    back to back, ``args.rounds`` times (the paths' order rotated each round), after
+    ``args.warmup`` s of every path at the most users. A front-end path's rows add hymt web's
+    CPU per request (``web_cpu_ms``) and its share of one core (``web_cpu_pct``)."""
+    name = f"{labels['mode']}-{labels['gpus']}"
+    web = frontend.WebFrontEnd(
+        server.workdir, MODEL, work / f"web-{name}.log",
+        requests_per_key=4 * max(args.users), keys_folder=work / f"web-keys-{name}",
+    )  # fmt: skip
+    torchserve_headers = server.headers("inference")  # read once, as the front end's are
+    urls = {
+        path: f"{server.inference_url()}/predictions/{MODEL}"
+        if path == "torchserve"
+        else f"{web.url}{frontend.ROUTES[path]}"
+        for path in args.paths
+    }
+
+    def job_maker(path: str) -> Callable[[random.Random], Job]:
+        headers = torchserve_headers if path == "torchserve" else web.headers()
+
+        def make_job(rng: random.Random) -> Job:
+            row, n = rng.choice(jobs)
+            return Job(urls[path], frontend.body(path, row, n, MODEL), headers, n)
+
+        return make_job
+
+    def save_logs() -> None:
+        save_log()
+        (args.out / f"errors-web-{name}.log").write_text(web.tail(20_000) + "\n")
+
+    makers = {path: job_maker(path) for path in args.paths}
+    web.start()
+    try:
+        for path in args.paths:
+            first_answer(makers[path](random.Random(0)), path)
+        if args.warmup > 0:
+            for path in args.paths:
+                warm = run_closed_loop(
+                    makers[path], max(args.users), args.warmup, timeout=args.request_timeout,
+                    processes=args.client_processes, keep_alive=args.keep_alive,
+                )  # fmt: skip
+                print(json.dumps({"warmup": path, **warm}), flush=True)
+        rows = []
+        web_pid = web.pid()
+        for index in range(args.rounds):
+            for users in args.users:
+                for path in frontend.ordered(args.paths, index):
+                    split = cpu
+                    if path != "torchserve" and web_pid is not None:
+                        split = _with_web(cpu, frontend.web_cpu(web_pid))
+                    [row] = measure_levels(
+                        {**labels, "system": path, "path": path, "round": index + 1},
+                        makers[path], [users], args.duration, sampler, args.client_processes,
+                        split, timeout=args.request_timeout,
+                        metrics=metrics_snapshot(server.metrics_url()),
+                        keep_alive=args.keep_alive, on_errors=save_logs,
+                    )  # fmt: skip
+                    if isinstance(row.get("web_cpu_ms"), int | float):
+                        row["web_cpu_pct"] = round(
+                            row["web_cpu_ms"] * row["requests_per_s"] / 10, 1
+                        )
+                    rows.append(row)
+        return rows
+    finally:
+        web.stop()
+
+
+def _with_web(cpu: CpuSnapshot | None, web: CpuSnapshot) -> CpuSnapshot:
+    """TorchServe's CPU split (when psutil is there) with hymt web's process beside it."""
+    return (lambda: {**cpu(), **web()}) if cpu is not None else web
+
+
+def first_answer(job: Job, path: str, timeout: float = 60.0) -> None:
+    """Wait until ``job`` is answered 200 (TorchServe is ready already: this is the path's
+    first call); a refusal of the request itself (a 4xx: a route or body this tree's front
+    end does not take) ends the run at once, with the answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = send(job, 60)
+        if reply.error is None:
+            return
+        refused = re.match(r"HTTP 4\d\d", reply.error) and not reply.error.startswith("HTTP 429")
+        if refused or time.monotonic() > deadline:
+            raise RuntimeError(f"the {path} path ({job.url}) does not translate: {reply.error}")
+        time.sleep(0.5)
 
 
 def describe(server: Any) -> str:
@@ -602,18 +744,32 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
     ]
     if any("worker_cpu_ms" in r for r in result["rows"]):  # the path's CPU per request
         columns += ["frontend_cpu_ms", "worker_cpu_ms", "engine_cpu_ms"]
+    if any("path" in r for r in result["rows"]):  # the front end's cost (--paths)
+        columns[1:1] = ["round"]
+        columns += ["web_cpu_ms", "web_cpu_pct", "output_mismatches"]
     if any("machine" in r for r in result["rows"]):  # rows merged from several machines
         columns.append("machine")
     head = "| " + " | ".join(columns) + " |\n| --- |" + " ---: |" * (len(columns) - 1) + "\n"
     lines = ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in result["rows"]]
     cold = ", ".join(f"{k} {v} s" for k, v in result["cold_start_s"].items())
+    paths_note = f"{result['paths_note']}\n\n" if result.get("paths_note") else ""
+    compared = frontend.comparison_markdown(result.get("frontend_comparison") or [])
     text = (
         f"# Serving benchmark: {result['gpu']}, {result['date']}\n\n`{result['command']}`\n\n"
-        f"{result['note']}\n\nCold start (start command to first translation): {cold}.\n\n"
-        f"{_utilisation_note(result)}\n\n" + head + "\n".join(lines) + "\n"
+        f"{result['note']}\n\n{paths_note}Cold start (start command to first translation): "
+        f"{cold}.\n\n{_utilisation_note(result)}\n\n"
+        + (f"{compared}\n## Every level\n\n" if compared else "")
+        + head
+        + "\n".join(lines)
+        + "\n"
     )
     (out / "results.md").write_text(text)
-    plot(out, result["rows"])
+    title = (
+        "Hunyuan-MT 7B-shaped model: TorchServe direct vs through hymt web"
+        if result.get("paths_note")
+        else "Hunyuan-MT 7B-shaped model: TorchServe deployment vs naive Flask server"
+    )
+    plot(out, result["rows"], title)
 
 
 def _utilisation_note(result: dict[str, Any]) -> str:
@@ -630,7 +786,7 @@ def _utilisation_note(result: dict[str, Any]) -> str:
     )
 
 
-def plot(out: Path, rows: list[dict[str, Any]]) -> None:
+def plot(out: Path, rows: list[dict[str, Any]], title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -644,7 +800,9 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> None:
     systems = sorted({key(r) for r in rows})
     markers = ("s", "o", "^", "v", "D", "P")
     for index, (name, mode, gpus, machine) in enumerate(systems):
-        mine = [r for r in rows if key(r) == (name, mode, gpus, machine) and r["requests"]]
+        mine = _medians(
+            [r for r in rows if key(r) == (name, mode, gpus, machine) and r["requests"]]
+        )
         system = name if mode in ("", "naive") else f"{name} {mode}"
         system = system if gpus == 1 else f"{system} x{gpus} GPUs"
         system = f"{system} ({machine})" if machine else system
@@ -663,9 +821,24 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> None:
         axis.set_ylabel(label)
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=7, loc="upper left")
-    fig.suptitle("Hunyuan-MT 7B-shaped model: TorchServe deployment vs naive Flask server")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out / "serving.png", dpi=110)
+
+
+def _medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per user count: the rows themselves, or (rounds of --paths) the medians of
+    their requests/s and latencies."""
+    by_users: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_users.setdefault(row["users"], []).append(row)
+    if all(len(same) == 1 for same in by_users.values()):
+        return rows
+    keys = ("requests_per_s", "p50_ms", "p95_ms")
+    return [
+        {"users": users, **{k: statistics.median(r[k] for r in same) for k in keys}}
+        for users, same in sorted(by_users.items())
+    ]
 
 
 SOAK_COLUMNS = {  # table heading: a window's key
@@ -864,7 +1037,40 @@ def main() -> None:
         help="Unix time by which a soak level must be over: it keeps only the windows that end "
         f"{SOAK_MARGIN_S:g} s before it (a device call's time limit)",
     )
+    parser.add_argument(
+        "--paths",
+        type=_paths,
+        default=["torchserve"],
+        help="where the requests go, comma separated (default torchserve): torchserve "
+        "(/predictions on TorchServe), web (hymt web's /api/translate, in front of the same "
+        "TorchServe), openai (hymt web's /v1/chat/completions with target_lang); with web or "
+        "openai each user count is measured through every path back to back and the report "
+        "compares each with TorchServe direct (the front end's cost)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --paths: measure every user count through every path this many times, the "
+        "paths' order rotated each round (the comparison takes the medians)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        help="with --paths: seconds of load through each path at the most users before the "
+        "first level (not reported)",
+    )
+    parser.add_argument(
+        "--language-check",
+        choices=("profile", "retry", "report", "off"),
+        default=None,
+        help="the handler's target_language_check: the profile's (default), or this; with a "
+        "front-end path in --paths off by default (the chat form's replies are never checked, "
+        "so only then do all paths generate the same)",
+    )
     args = parser.parse_args()
+    check_paths(parser, args)
     from hymt_serve.ops.tiny_model import default_tokenizer_dir
 
     model_dir = build_model(args.model_dir, args.tokenizer or default_tokenizer_dir(), args.tiny)
@@ -895,6 +1101,28 @@ def main() -> None:
         bf16_matmul_tflops=None if rate is None else round(rate / 1e12, 1),
     )
     (write_soak_report if args.window else write_report)(args.out, result)
+
+
+def _paths(text: str) -> list[str]:
+    try:
+        return frontend.parse_paths(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def check_paths(parser: argparse.ArgumentParser, args: Any) -> None:
+    """What the front-end paths cannot be combined with, and the OpenAI route's presence."""
+    if not front_end_paths(args):
+        return
+    if args.window or args.bad_fraction:
+        parser.error("--paths with web or openai is not a soak: no --window or --bad-fraction")
+    if args.rounds < 1:
+        parser.error("--rounds must be 1 or more")
+    if "openai" in args.paths and importlib.util.find_spec("hymt_serve.web.openai_routes") is None:
+        parser.error(
+            "the openai path needs hymt web's /v1/chat/completions (hymt_serve/web/"
+            "openai_routes.py), which this tree does not have"
+        )
 
 
 def _cold_name(mode: str, gpus: int) -> str:
@@ -938,6 +1166,36 @@ def report(
         ),
         "bad_fraction": args.bad_fraction,
         "window_s": args.window,
+        **_paths_report(rows, args),
+    }
+
+
+def _paths_report(rows: list[dict[str, Any]], args: Any) -> dict[str, Any]:
+    """With front-end paths: the paths, rounds, the handler's language check, a note on how
+    they were sent and the comparison (:func:`frontend.comparison`); nothing otherwise."""
+    if not front_end_paths(args):
+        return {}
+    routes = ", ".join(f"{path} {frontend.ROUTES[path].format(model=MODEL)}" for path in args.paths)
+    return {
+        "paths": args.paths,
+        "rounds": args.rounds,
+        "warmup_s": args.warmup,
+        "language_check": args.language_check or "off",
+        "paths_note": (
+            f"Paths: {routes}. Each user count through each path back to back, "
+            f"{args.rounds} round(s), the order rotated each round, after {args.warmup:g} s of "
+            "each path at the most users. hymt web (python -m hymt_serve.cli web) on loopback "
+            "in front of the same TorchServe, started with --require-keys (every API route "
+            "checks and counts the client key: the page's /api/translate as the OpenAI route "
+            "does), one client key whose character limit no run reaches, --requests-per-key "
+            f"{4 * max(args.users)}. Bodies: the request API's {{text, source_lang, "
+            "target_lang, max_new_tokens} (web adds stream false, the request API's default); "
+            "openai: the text as the one user message with source_lang and target_lang, "
+            "max_tokens the same length, greedy. The handler's target_language_check: "
+            f"{args.language_check or 'off'} (the chat form is never checked). "
+            "output_mismatches: replies with other output tokens than asked for."
+        ),
+        "frontend_comparison": frontend.comparison(rows),
     }
 
 

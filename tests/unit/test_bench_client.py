@@ -19,7 +19,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "loadtest/serving"))
-from client import EXPECTED, GOOD, UNEXPECTED, Job, KeptAlive, Reply, run_closed_loop, windows  # noqa: E402
+from client import (  # noqa: E402
+    EXPECTED,
+    GOOD,
+    UNEXPECTED,
+    Job,
+    KeptAlive,
+    Reply,
+    counted_tokens,
+    judged,
+    run_closed_loop,
+    windows,
+)
 from run_bench import BAD_CHANGES, GpuSampler, made_bad, measure_levels  # noqa: E402
 
 
@@ -185,3 +196,34 @@ def test_windows_count_each_request_where_it_ended() -> None:
     assert rows[0]["requests_per_s"] == 2.0 and rows[0]["p50_ms"] == 10.0
     assert rows[0]["p99_ms"] == 30.0 and rows[0]["errors"] == 0
     assert (rows[1]["errors"], rows[1]["expected_errors"], rows[1]["end_s"]) == (1, 1, 2.0)
+
+
+def test_output_tokens_are_read_from_either_api_s_usage_and_other_lengths_counted() -> None:
+    """The request API's usage (output_tokens, input_tokens), OpenAI's (completion_tokens,
+    prompt_tokens) and the naive server's top level; a good reply with other output tokens
+    than its job asked for is an output mismatch of its level, not an error."""
+    ours = {"translation": "x", "usage": {"input_tokens": 26, "output_tokens": 7}}
+    openai = {"choices": [], "usage": {"prompt_tokens": 26, "completion_tokens": 7,
+                                       "total_tokens": 33}}  # fmt: skip
+    naive = {"translation": "x", "output_tokens": 7, "input_tokens": 40}
+    assert counted_tokens(ours, 9) == counted_tokens(openai, 9) == (7, 26)
+    assert counted_tokens(naive, 9) == (7, 40)
+    assert counted_tokens({"translation": "x"}, 9) == (9, 0)  # not said: as asked
+    for answer in (ours, openai):
+        payload = json.dumps(answer).encode()
+        assert judged(Job("u", {}, {}, 7), 200, payload) == Reply(tokens=(7, 26))
+        assert judged(Job("u", {}, {}, 8), 200, payload) == Reply(tokens=(7, 26), other_length=True)
+    handler = type("Handler", (_Translate,), {"connections": []})  # answers 3 output tokens
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/predictions/hunyuan-mt"
+    try:
+        asked = [3, 4]  # the second length is one the server never gives
+        stats = run_closed_loop(
+            lambda rng: Job(url, {"text": "hello"}, {}, asked[rng.randrange(2)]),
+            users=2, duration_s=0.5, timeout=5,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert stats["errors"] == 0 and 0 < stats["output_mismatches"] < stats["requests"]
