@@ -7,6 +7,7 @@
 # one call carries at most 64 MiB: TorchServe's and Java's wheels together are 75 MiB):
 #   bash benchmarks/serving/frontend/gpu_frontend.sh stage     # call 1, carry .whl/ts .whl/tok
 #   bash benchmarks/serving/frontend/gpu_frontend.sh measure   # call 2, carry .whl/jdk .whl/web
+# (ROUNDS=2 in the environment: two rounds, when device time is short)
 # Call 1 is ../frontend_jobs/gpu_soak.sh's stage (TorchServe's wheels, the tokenizer, the
 # 7B-shaped random-weight model saved to /tmp/hymt-7b). Staged here first, in git-ignored
 # folders, with PIP="pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -39,7 +40,7 @@ measure)  # Java, hymt web's stack, then one TorchServe and every path in front 
   mkdir -p "$out"
   timeout "${MEASURE_S:-540}" python3 loadtest/serving/run_bench.py --out "$out" \
     --model-dir /tmp/hymt-7b --tokenizer /tmp/hunyuan-tokenizer --skip-naive \
-    --modes continuous --paths torchserve,web,openai --users 64,256 --rounds 3 \
+    --modes continuous --paths torchserve,web,openai --users 64,256 --rounds "${ROUNDS:-3}" \
     --duration 10 --warmup 5 --client-processes 4 2>&1 | tee "$out/run.log"
   ;;
 *) echo "usage: $0 stage|measure" >&2; exit 2 ;;
