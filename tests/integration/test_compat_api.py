@@ -4,6 +4,7 @@ client libraries (libretranslatepy, deepl) against the real stack (TorchServe + 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from web_stub import serving
 
 from hymt_serve.ops.launcher import Server
 from hymt_serve.web.app import create_app
-from hymt_serve.web.keys import USAGE_FILE, ClientKeys
+from hymt_serve.web.keys import SAVE_EVERY_S, USAGE_FILE, ClientKeys
 
 pytestmark = pytest.mark.integration
 LIMIT = 400
@@ -120,9 +121,13 @@ def test_usage_survives_a_restart(front: tuple[str, str], tmp_path: Path) -> Non
     keys = ClientKeys.open(tmp_path / "web_keys.json", character_limit=100)
     key = keys.keys[0]
     assert keys.reserve(key, 60) and not keys.reserve(key, 41)
+    keys.close()  # (the front end's shutdown; a timer saves meanwhile)
     again = ClientKeys.open(tmp_path / "web_keys.json")
     assert again.used(key) == 60 and (tmp_path / USAGE_FILE).is_file()
     keys.refund(key, 60)
+    deadline = time.monotonic() + 10 * SAVE_EVERY_S  # saved behind, without close
+    while ClientKeys.open(tmp_path / "web_keys.json").used(key) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert ClientKeys.open(tmp_path / "web_keys.json").used(key) == 0
 
 

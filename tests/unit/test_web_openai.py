@@ -146,12 +146,14 @@ def test_models_are_listed_with_a_key(client: TestClient, keys: ClientKeys) -> N
 
 
 def test_other_v1_paths_get_openais_404(client: TestClient, keys: ClientKeys) -> None:
-    """Clients probe /v1/embeddings and the like: they read OpenAI's error shape, key or not."""
+    """Clients probe /v1/embeddings and the like: they read OpenAI's error shape (401 without
+    a key, then 404)."""
     for method, path in [("POST", "/v1/embeddings"), ("GET", "/v1/files"), ("POST", "/v1/x/y")]:
-        for headers in ({}, auth(keys)):
-            answer = client.request(method, path, json={}, headers=headers)
-            error = refusal(answer, 404, "invalid_request_error", "unknown_url")
-            assert error["message"] == f"Invalid URL ({method} {path})"
+        answer = client.request(method, path, json={})
+        refusal(answer, 401, "invalid_request_error", "invalid_api_key")
+        answer = client.request(method, path, json={}, headers=auth(keys))
+        error = refusal(answer, 404, "invalid_request_error", "unknown_url")
+        assert error["message"] == f"Invalid URL ({method} {path})"
     # the routes it serves are not shadowed
     assert client.get("/v1/models", headers=auth(keys)).status_code == 200
 

@@ -121,6 +121,8 @@ def create_app(
             if jobs is not None:
                 await jobs.close()
             await torchserve.close()
+            if client_keys is not None:
+                client_keys.close()  # the usage counted since the last save
 
     app = Starlette(
         routes=routes,

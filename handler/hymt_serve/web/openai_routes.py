@@ -92,7 +92,12 @@ def openai_routes(
         return await complete(request, openai_api.parse_completion)
 
     async def openai_unknown(request: Request) -> Response:
-        """Any other ``/v1`` path (embeddings, images, ...): OpenAI's 404, not the page's."""
+        """Any other ``/v1`` path (embeddings, images, ...): OpenAI's 404 (its 401 without a
+        key, as every route but the page's and the probes'), not the page's errors."""
+        try:
+            _client_key(request, keys)
+        except OpenAIError as error:
+            return _refusal(error)
         path = f"{request.method} {request.url.path}"
         return _refusal(OpenAIError(404, f"Invalid URL ({path})", code="unknown_url"))
 
