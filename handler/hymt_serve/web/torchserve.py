@@ -1,4 +1,7 @@
-"""The front end's calls to TorchServe: one ``httpx.AsyncClient`` (kept-alive connections), the
+"""The front end's calls to TorchServe: ``POOLS`` HTTP clients (``httpx.AsyncClient``) taken
+in turn (kept-alive connections; several small pools, not one large one: httpcore's pool
+assigns requests to connections in time that grows with both, which at 128 calls in flight
+cost the event loop several ms a call), the
 inference key from TorchServe's key file, an upstream slot held for each call
 (:mod:`.fairness`), and TorchServe's answers as Starlette responses, its errors as ``{error,
 error_type}``.
@@ -52,6 +55,7 @@ EMPTY_BODY_MESSAGES = {
 TORCHSERVE_BUSY = "the translation server is busy or restarting: retry in a moment"
 CONNECT_S, ANSWER_S = 5.0, 600.0
 KEEP_ALIVE = 512  # idle connections kept to TorchServe (a refinement makes seven calls)
+POOLS = 16  # HTTP clients the calls take in turn, each keeping KEEP_ALIVE / POOLS idle
 
 
 class UpstreamFailed(Exception):
@@ -134,7 +138,8 @@ class TorchServe:
     def __init__(self, server: Server, upstream: Upstream | None = None) -> None:
         self.server = server
         self.upstream = upstream or Upstream()
-        self._client: httpx.AsyncClient | None = None
+        self._clients: list[httpx.AsyncClient] = []
+        self._turn = 0
         self._where: dict[str, tuple[tuple[int, ...], tuple[str, dict[str, str]]]] = {}
 
     def open(self) -> None:
@@ -142,24 +147,31 @@ class TorchServe:
         no_cookies = http.cookiejar.CookieJar(
             http.cookiejar.DefaultCookiePolicy(allowed_domains=[])
         )
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(ANSWER_S, connect=CONNECT_S),
-            # the upstream slots bound the calls in flight; this only keeps idle ones
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEP_ALIVE),
-            cookies=no_cookies,
-            trust_env=False,  # TorchServe is on this host or in this pod: never via a proxy
-        )
+        self._clients = [
+            httpx.AsyncClient(
+                timeout=httpx.Timeout(ANSWER_S, connect=CONNECT_S),
+                # the upstream slots bound the calls in flight; this only keeps idle ones
+                limits=httpx.Limits(
+                    max_connections=None, max_keepalive_connections=KEEP_ALIVE // POOLS
+                ),
+                cookies=no_cookies,
+                trust_env=False,  # TorchServe is on this host or in this pod: never via a proxy
+            )
+            for _ in range(POOLS)
+        ]
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        clients, self._clients = self._clients, []
+        for client in clients:
+            await client.aclose()
 
     @property
     def client(self) -> httpx.AsyncClient:
-        if self._client is None:
+        """The next of the clients, in turn (one call uses one)."""
+        if not self._clients:
             raise RuntimeError("TorchServe.open() was not called (the app's lifespan does)")
-        return self._client
+        self._turn = (self._turn + 1) % len(self._clients)
+        return self._clients[self._turn]
 
     async def where(self, api: str = "inference") -> tuple[str, dict[str, str]]:
         """``api``'s base URL and its key's headers; KeyFileUnavailable while the key file
@@ -279,13 +291,14 @@ class TorchServe:
         """POST ``payload`` as JSON to ``path`` of the inference API with the inference key
         (raises httpx's errors and KeyFileUnavailable); read whole unless ``stream``."""
         base, auth = await self.where()
-        request = self.client.build_request(
+        client = self.client
+        request = client.build_request(
             "POST",
             f"{base}{path}",
             content=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
             headers={"Content-Type": JSON, **auth},
         )
-        return await self.client.send(request, stream=stream)
+        return await client.send(request, stream=stream)
 
 
 def _stamp(server: Server) -> tuple[int, ...]:
