@@ -37,7 +37,7 @@ from bench_decode import (
 
 from hymt_serve.engine.runners.build import KV_CACHE_SHARE, build_fast_runner
 from hymt_serve.engine.scheduler.loop import Scheduler
-from hymt_serve.ops.tiny_model import HY_MT2_30B_SHAPE, random_30b_a3b_model
+from hymt_serve.ops.tiny_moe import HY_MT2_30B_SHAPE, random_30b_a3b_model
 
 SHAPE = HY_MT2_30B_SHAPE
 EXPERT_PARAMS = 3 * SHAPE["hidden_size"] * SHAPE["moe_intermediate_size"]

@@ -57,8 +57,8 @@ from hymt_serve.ops.tiny_model import (
     build_tiny_model,
     default_tokenizer_dir,
     random_7b_model,
-    random_30b_a3b_model,
 )
+from hymt_serve.ops.tiny_moe import random_30b_a3b_model
 from hymt_serve.request.languages import lookup
 from hymt_serve.request.prompts import build_prompt
 

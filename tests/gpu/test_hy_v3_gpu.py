@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 
 from hymt_serve.engine.runners.build import build_fast_runner
 from hymt_serve.engine.runners.fast import FastRunner
-from hymt_serve.ops.tiny_model import random_30b_a3b_model
+from hymt_serve.ops.tiny_moe import random_30b_a3b_model
 
 pytestmark = [
     pytest.mark.gpu,

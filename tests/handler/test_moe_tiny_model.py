@@ -13,12 +13,12 @@ from hunyuan_mt_handler import HunyuanMTHandler
 from hymt_serve.core.settings import Settings
 from hymt_serve.engine.codec import folder_stop_ids
 from hymt_serve.engine.engine import Engine, load_engine
-from hymt_serve.ops.tiny_model import (
+from hymt_serve.ops.tiny_moe import (
     MOE_BOS,
     MOE_EOD,
     MOE_EOS,
     MOE_UNMARKED_TOKENS,
-    build_tiny_model,
+    build_tiny_moe_model,
 )
 from hymt_serve.request.families import HY_MT2, detect_profile
 
@@ -28,7 +28,7 @@ USER, ASSISTANT = "<\uff5chy_User\uff5c>", "<\uff5chy_Assistant\uff5c>"
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-moe"), family="hy-mt2-moe")
+    return build_tiny_moe_model(tmp_path_factory.mktemp("tiny-moe"))
 
 
 @pytest.fixture(scope="module")

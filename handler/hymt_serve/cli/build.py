@@ -8,15 +8,16 @@ from pathlib import Path
 
 from hymt_serve.ops.archive import build_archive, parse_override
 from hymt_serve.ops.tiny_model import build_tiny_model, default_tokenizer_dir
+from hymt_serve.ops.tiny_moe import build_tiny_moe_model
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     tokenizer = None if args.fallback_tokenizer else (args.tokenizer or default_tokenizer_dir())
-    if args.family != "hunyuan":
+    if args.family == "hy-mt2-moe":
         tokenizer = None  # (the real tokenizer at hand is the dense family's)
-    out = build_tiny_model(
-        args.out, tokenizer, tokenizer_format=args.tokenizer_format, family=args.family
-    )
+        out = build_tiny_moe_model(args.out)
+    else:
+        out = build_tiny_model(args.out, tokenizer, tokenizer_format=args.tokenizer_format)
     print(
         f"tiny random-weight {args.family} model written to {out} "
         f"(tokenizer: {tokenizer or 'fallback built by this project'})"

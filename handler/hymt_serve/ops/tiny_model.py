@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,56 +38,6 @@ CHAT_TEMPLATE = (
     "{% elif m['role'] == 'assistant' %}{{ m['content'] }}<|eos|>{% endif %}"
     "{% endfor %}"
 )
-# Hy-MT2-30B-A3B's tokens (its tokenizer's characters: full-width bars U+FF5C, U+2581 as the
-# word separator). Its end of sequence (120025) is written two ways in its releases; ours is the
-# newer one, and the engine stops on the ids config.json names whatever their text.
-MOE_SPECIAL_TOKENS = (
-    "<\uff5chy_begin\u2581of\u2581sentence\uff5c>",
-    "<\uff5chy_end\u2581of\u2581sentence\uff5c>",
-    "<\uff5chy_\u2581pad\u2581\uff5c>",
-    "<\uff5chy_User\uff5c>",
-    "<\uff5chy_Assistant\uff5c>",
-    "<\uff5chy_EOT\uff5c>",
-    "<\uff5chy_eos\uff5c>",
-    "<\uff5chy_place\u2581holder\u2581no\u25818\uff5c>",
-)
-# Added tokens the real tokenizer does not mark special: the engine still never reads them in
-# user text (codec.text_ids).
-MOE_UNMARKED_TOKENS = ("<think>", "</think>", "<\uff5creasoning_mode\uff5c>")
-MOE_BOS, MOE_PAD, MOE_EOS, MOE_EOD = (MOE_SPECIAL_TOKENS[i] for i in (0, 2, 6, 7))
-# Its chat template as it renders: the system prompt (if any) after BOS, then the reasoning
-# mode (no thinking for translation), then the turns; an answer opens with an empty think block.
-MOE_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}{% endif %}"
-    "{% endfor %}"
-    "<\uff5creasoning_mode\uff5c>reasoning_effort:{{ reasoning_effort | default('no_think') }}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'user' %}<\uff5chy_User\uff5c>{{ m['content'] }}"
-    "{% elif m['role'] == 'assistant' %}<\uff5chy_Assistant\uff5c><think></think>"
-    "{{ m['content'] }}{{ eos_token }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<\uff5chy_Assistant\uff5c><think></think>{% endif %}"
-)
-# Its recommended sampling (the Hy-MT2 card, 30B-A3B): no top-k, no repetition penalty.
-MOE_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
-TINY_MOE_SHAPE: dict[str, Any] = {
-    "num_hidden_layers": 3,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5,
-    "num_experts": 8,
-    "num_experts_per_tok": 2,
-    "num_shared_experts": 1,
-    "moe_intermediate_size": 32,
-    "router_scaling_factor": 2.826,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 11158840.0},
-    "tie_word_embeddings": False,
-}
 FAMILIES = ("hunyuan", "hy-mt2-moe")
 TINY_SHAPE: dict[str, Any] = {
     "num_hidden_layers": 2,
@@ -122,30 +73,6 @@ SEVEN_B_SHAPE: dict[str, Any] = {
     "pad_token_id": 127961,
     "tie_word_embeddings": True,
 }
-# Hy-MT2-30B-A3B's shape (``hy_v3``: 30.06 B parameters, 3.3 B of them active per token, 60 GB
-# in bf16): its first layer dense, the others 128 experts of width 768 (8 chosen per token) and
-# one shared expert. For benchmarks with random weights, as SEVEN_B_SHAPE.
-HY_MT2_30B_SHAPE: dict[str, Any] = {
-    "num_hidden_layers": 48,
-    "hidden_size": 2048,
-    "intermediate_size": 6912,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "vocab_size": 120832,
-    "max_position_embeddings": 262144,
-    "rms_norm_eps": 1e-5,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "num_shared_experts": 1,
-    "moe_intermediate_size": 768,
-    "router_scaling_factor": 2.826,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 11158840.0},
-    "bos_token_id": 120000,
-    "eos_token_id": 120025,
-    "pad_token_id": 120002,
-    "tie_word_embeddings": False,
-}
 _SAMPLE_TEXT = (
     "Hello, world. How are you today? The weather is nice. Machine translation is useful.",
     "你好，世界。今天天气很好。机器翻译很有用。我们一起去吃饭吧。",
@@ -175,40 +102,36 @@ def default_tokenizer_dir() -> Path | None:
     return None
 
 
-def build_fallback_tokenizer(family: str = "hunyuan") -> Any:
-    """A small byte-level BPE tokenizer with the family's special tokens and chat template:
-    Hunyuan's 7B family, or Hy-MT2-30B-A3B's (``hy-mt2-moe``)."""
-    # torch, transformers and the engine take seconds: hymt imports this module for every command
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_fallback_tokenizer() -> Any:
+    """A small byte-level BPE tokenizer with Hunyuan's special tokens and chat template."""
+    # transformers takes seconds: hymt imports this module for every command
     from transformers import PreTrainedTokenizerFast
 
-    moe = family == "hy-mt2-moe"
+    return PreTrainedTokenizerFast(
+        tokenizer_object=train_byte_bpe(SPECIAL_TOKENS),
+        bos_token="<|startoftext|>",
+        eos_token="<|eos|>",
+        pad_token="<|pad|>",
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def train_byte_bpe(special_tokens: Sequence[str]) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on the languages' sample prompts, with
+    ``special_tokens`` first."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # seconds
+
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=3000,
-        special_tokens=list(MOE_SPECIAL_TOKENS if moe else SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_training_corpus(), trainer=trainer)
-    if not moe:
-        return PreTrainedTokenizerFast(
-            tokenizer_object=tokenizer,
-            bos_token="<|startoftext|>",
-            eos_token="<|eos|>",
-            pad_token="<|pad|>",
-            chat_template=CHAT_TEMPLATE,
-        )
-    tokenizer.add_tokens([AddedToken(t, special=False) for t in MOE_UNMARKED_TOKENS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=MOE_BOS,
-        eos_token=MOE_EOS,
-        pad_token=MOE_PAD,
-        chat_template=MOE_CHAT_TEMPLATE,
-    )
+    return tokenizer
 
 
 def _training_corpus() -> list[str]:
@@ -251,29 +174,7 @@ def random_7b_model(device: str = "cuda", seed: int = 0) -> Any:
         return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
 
 
-def random_30b_a3b_model(device: str = "cuda", seed: int = 0, layers: int | None = None) -> Any:
-    """Hy-MT2-30B-A3B's shape (``hy_v3``) with random bf16 weights, built on ``device``;
-    ``layers``: fewer layers than the real 48 (probes of one layer's cost). The routers'
-    weights are drawn wider than transformers' init (std 0.05, not 0.006) so that tokens
-    choose varied experts, as a trained router's do, not ties that rounding decides."""
-    import torch  # seconds: see build_fallback_tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    shape = dict(
-        HY_MT2_30B_SHAPE, num_hidden_layers=layers or HY_MT2_30B_SHAPE["num_hidden_layers"]
-    )
-    config = AutoConfig.for_model(model_type="hy_v3", **shape)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            if hasattr(layer.mlp, "gate"):
-                layer.mlp.gate.weight.normal_(0.0, 0.05)
-    return model
-
-
-def _mute_unprintable_tokens(model: Any, tokenizer: Any, keep: set[int]) -> None:
+def mute_unprintable_tokens(model: Any, tokenizer: Any, keep: set[int]) -> None:
     """Zero the (tied) embedding rows of special tokens and of tokens that decode to no whole
     character, so that the random model's demo output is visible text, not nothing or U+FFFD."""
     import torch  # seconds: see build_fallback_tokenizer
@@ -298,14 +199,13 @@ def build_tiny_model(
     tokenizer_dir: Path | None = None,
     seed: int = 0,
     tokenizer_format: str = "json",
-    family: str = "hunyuan",
 ) -> Path:
     """Write a tiny random-weight model folder (config, safetensors, tokenizer) to ``out_dir``.
 
     ``tokenizer_format`` "tiktoken" writes the tokenizer the way older repositories of the
     family ship it: ``hy.tiktoken`` and a remote-code ``tokenizer_config.json``, no
-    ``tokenizer.json`` (special tokens then follow the BPE ranks, as there). ``family``
-    "hy-mt2-moe" writes Hy-MT2-30B-A3B's form instead (:func:`build_tiny_moe_model`).
+    ``tokenizer.json`` (special tokens then follow the BPE ranks, as there). Hy-MT2-30B-A3B's
+    form is :func:`hymt_serve.ops.tiny_moe.build_tiny_moe_model`.
     """
     import torch  # seconds: see build_fallback_tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -313,10 +213,6 @@ def build_tiny_model(
     from hymt_serve.engine.checkpoints.tiktoken_folder import load_tiktoken_folder  # seconds
     from hymt_serve.engine.codec import read_tokenizer
 
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    if family == "hy-mt2-moe":
-        return build_tiny_moe_model(out_dir, seed)
     tokenizer = read_tokenizer(tokenizer_dir) if tokenizer_dir else build_fallback_tokenizer()
     if tokenizer_format == "tiktoken":
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -337,7 +233,7 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
-    _mute_unprintable_tokens(model, tokenizer, keep={ids["<|eos|>"]})
+    mute_unprintable_tokens(model, tokenizer, keep={ids["<|eos|>"]})
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     if tokenizer_format != "tiktoken":
@@ -345,43 +241,6 @@ def build_tiny_model(
     about = {
         "random_weights": True,
         "tokenizer": str(tokenizer_dir) if tokenizer_dir else "fallback",
-        "note": "random weights: its translations are meaningless; serve a real model folder",
-    }
-    (out_dir / TINY_MODEL_MARKER).write_text(json.dumps(about, indent=2) + "\n")
-    return out_dir
-
-
-def build_tiny_moe_model(out_dir: Path, seed: int = 0) -> Path:
-    """Write a tiny random ``hy_v3`` folder (Hy-MT2-30B-A3B's form: a dense first layer, then
-    mixtures of 8 experts and a shared one) with a tokenizer of that family's tokens and chat
-    template, and its recommended sampling in ``generation_config.json``."""
-    import torch  # seconds: see build_fallback_tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    tokenizer = build_fallback_tokenizer("hy-mt2-moe")
-    ids = {name: int(tokenizer.convert_tokens_to_ids(name)) for name in MOE_SPECIAL_TOKENS}
-    ends = [ids[MOE_EOS], ids[MOE_EOD]]
-    config = AutoConfig.for_model(
-        model_type="hy_v3",
-        vocab_size=len(tokenizer),
-        bos_token_id=ids[MOE_BOS],
-        eos_token_id=ids[MOE_EOS],
-        pad_token_id=ids[MOE_PAD],
-        eod_token_id=ids[MOE_EOD],
-        **TINY_MOE_SHAPE,
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
-    _mute_unprintable_tokens(model, tokenizer, keep=set(ends))
-    model.generation_config = GenerationConfig(
-        do_sample=True, eos_token_id=ends, pad_token_id=ids[MOE_PAD], **MOE_SAMPLING
-    )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    about = {
-        "random_weights": True,
-        "tokenizer": "fallback (Hy-MT2-30B-A3B's tokens and template)",
         "note": "random weights: its translations are meaningless; serve a real model folder",
     }
     (out_dir / TINY_MODEL_MARKER).write_text(json.dumps(about, indent=2) + "\n")
