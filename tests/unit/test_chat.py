@@ -13,11 +13,10 @@ from hymt_serve.request.chat import (
     CHOICE_SEED_STEP,
     ChatRequest,
     ChoiceStream,
-    apply_stop,
-    cut_at_stop,
     parse_body,
     render_chat,
 )
+from hymt_serve.request.chat_options import apply_stop, cut_at_stop
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge, ServiceError
 from hymt_serve.request.families import HY_MT15
 from hymt_serve.request.protocol import TranslationRequest
