@@ -11,7 +11,7 @@ from fakes import FakeEngine, SentParts, make_context, set_batch
 
 from hunyuan_mt_handler import HunyuanMTHandler
 from hymt_serve.core.types import GenerationRow, OnTokens
-from hymt_serve.request import openai_api
+from hymt_serve.request import openai_api, openai_reply
 
 USER = [{"role": "user", "content": "hello there"}]
 
@@ -148,7 +148,7 @@ def test_chat_form_errors_have_the_request_apis_body(fake_engine: FakeEngine) ->
         "invalid_request",
     ]
     # the front end turns them into OpenAI's errors
-    errors = [openai_api.error_from_reply(s, o) for s, o in zip(statuses, out, strict=True)]
+    errors = [openai_reply.error_from_reply(s, o) for s, o in zip(statuses, out, strict=True)]
     assert [(e.status, e.param) for e in errors] == [
         (400, "target_lang"),
         (400, "n"),
@@ -168,7 +168,7 @@ def test_the_openai_module_round_trip(fake_engine: FakeEngine) -> None:
     """What a route does: parse the OpenAI body, send call.forward, render the reply."""
     call = openai_api.parse_chat({"model": "hunyuan-mt", "messages": USER, "n": 2}, ["hunyuan-mt"])
     out, statuses, _ = serve([call.forward])
-    body = openai_api.response(call, out[0])
+    body = openai_reply.response(call, out[0])
     assert statuses == [200] and body["object"] == "chat.completion"
     assert [c["message"]["content"] for c in body["choices"]] == ["HELLO THERE"] * 2
     assert body["usage"]["completion_tokens"] == 22

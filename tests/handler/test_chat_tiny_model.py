@@ -15,7 +15,7 @@ from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import ChatTurn, GenerationRow, SamplingParams
 from hymt_serve.engine.codec import encode_conversation
 from hymt_serve.engine.engine import Engine, load_engine
-from hymt_serve.request import openai_api
+from hymt_serve.request import openai_api, openai_reply
 
 SPECIAL = ("<|startoftext|>", "<|extra_0|>", "<|extra_4|>", "<|eos|>")
 
@@ -206,16 +206,16 @@ def test_each_tools_request_is_served_and_read_its_way(
         assert reply["prompt"] == fixture["expect"]["translation"]["template"]
     answer = reply["choices"][0]["text"]
     if not call.stream:
-        body = openai_api.response(call, reply)
+        body = openai_reply.response(call, reply)
         assert body["choices"][0]["message"]["content"] == answer
         assert body["usage"]["completion_tokens"] == reply["choices"][0]["output_tokens"] > 0
         return
-    stream = openai_api.Stream(call)
+    stream = openai_reply.Stream(call)
     sse = stream.opening()
     for _, line in sent_parts.events():
         sse += stream.event(json.loads(line))
     sse += stream.event(reply)
-    assert stream.finished and sse[-1] == openai_api.DONE
+    assert stream.finished and sse[-1] == openai_reply.DONE
     text = ""
     for piece in "".join(sse).split("data:"):  # zotero-pdf-translate's reading
         try:

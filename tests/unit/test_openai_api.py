@@ -1,5 +1,6 @@
-"""OpenAI's chat and completion APIs in and out of the chat form (request/openai_api.py), and
-the request bodies of translation tools, taken from their sources (tests/fixtures/openai_tools)."""
+"""OpenAI's chat and completion APIs in and out of the chat form (request/openai_api.py and
+openai_reply.py), and the request bodies of translation tools, taken from their sources
+(tests/fixtures/openai_tools)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from hymt_serve.core.settings import Settings
 from hymt_serve.request import openai_api as api
+from hymt_serve.request import openai_reply as reply_api
 from hymt_serve.request.chat import ChatRequest, parse_body
 from hymt_serve.request.errors import Overloaded, PayloadTooLarge, UnsupportedLanguage
 
@@ -178,7 +180,7 @@ REPLY = {
 
 def test_a_chat_completion_response() -> None:
     call = chat(n=2)
-    body = api.response(call, REPLY)
+    body = reply_api.response(call, REPLY)
     assert body == {
         "id": call.id,
         "object": "chat.completion",
@@ -205,7 +207,7 @@ def test_a_chat_completion_response() -> None:
 
 def test_a_text_completion_response() -> None:
     call = api.parse_completion({"model": "hunyuan-mt", "prompt": "x"}, MODELS)
-    body = api.response(call, {**REPLY, "choices": REPLY["choices"][:1]})
+    body = reply_api.response(call, {**REPLY, "choices": REPLY["choices"][:1]})
     assert body["object"] == "text_completion"
     assert body["choices"] == [
         {"index": 0, "text": "Hallo", "logprobs": None, "finish_reason": "stop"}
@@ -238,7 +240,7 @@ def test_a_text_completion_response() -> None:
 def test_model_server_errors_in_openai_shape(
     status: int, body: Any, want: tuple[int, str, str | None, str | None]
 ) -> None:
-    error = api.error_from_reply(status, body)
+    error = reply_api.error_from_reply(status, body)
     assert (error.status, error.type, error.param, error.code) == want
     assert error.message
 
@@ -285,7 +287,7 @@ def stream_lines(n: int = 1) -> list[dict[str, Any]]:
 
 def test_a_chat_stream_role_first_deltas_finish_reason_usage_done() -> None:
     call = chat(stream=True, stream_options={"include_usage": True}, n=2)
-    stream = api.Stream(call)
+    stream = reply_api.Stream(call)
     sent = stream.opening()
     for line in stream_lines(2):
         sent += stream.event(line)
@@ -313,14 +315,14 @@ def test_a_chat_stream_role_first_deltas_finish_reason_usage_done() -> None:
 
 
 def test_a_stream_without_usage_has_no_usage_key() -> None:
-    stream = api.Stream(chat(stream=True))
+    stream = reply_api.Stream(chat(stream=True))
     data = events(stream.opening() + [e for line in stream_lines() for e in stream.event(line)])
     assert all("usage" not in c for c in data[:-1]) and len(data) == 5
 
 
 def test_a_completion_stream() -> None:
     call = api.parse_completion({"model": "hunyuan-mt", "prompt": "x", "stream": True}, MODELS)
-    stream = api.Stream(call)
+    stream = reply_api.Stream(call)
     assert stream.opening() == []
     data = events([e for line in stream_lines() for e in stream.event(line)])
     assert [c["choices"][0]["text"] for c in data[:-1]] == ["Hal", "lo", ""]
@@ -329,14 +331,14 @@ def test_a_completion_stream() -> None:
 
 
 def test_a_stream_that_fails_or_breaks_ends_with_an_error_event() -> None:
-    stream = api.Stream(chat(stream=True))
+    stream = reply_api.Stream(chat(stream=True))
     failed = events(stream.event({"error": "boom", "error_type": "generation_failed"}))
     assert failed[0]["error"]["type"] == "server_error" and failed[-1] == "[DONE]"
     assert stream.broken() == []
-    cut = api.Stream(chat(stream=True))
+    cut = reply_api.Stream(chat(stream=True))
     cut.event({"delta": "a", "index": 0})
     assert events(cut.broken())[0]["error"]["message"].startswith("the model server's stream")
-    bad = api.Stream(chat(stream=True))
+    bad = reply_api.Stream(chat(stream=True))
     refusal = events(bad.event({"error": "no", "error_type": "unsupported_language"}))
     assert refusal[0]["error"]["code"] == "unsupported_language"
 
@@ -387,7 +389,7 @@ def fixture(name: str) -> dict[str, Any]:
 def test_subtitle_edit_reads_the_first_content_key() -> None:
     """Subtitle Edit takes the value of the first "content" key in the reply's JSON text."""
     call = api.parse_chat(fixture("subtitleedit")["request"], MODELS)
-    text = json.dumps(api.response(call, REPLY))
+    text = json.dumps(reply_api.response(call, REPLY))
     first = text.index('"content"')
     assert json.loads("{" + text[first:].split(",", 1)[0] + "}") == {"content": "Hallo"}
 
@@ -396,7 +398,7 @@ def test_zotero_reads_the_stream_its_own_way() -> None:
     """zotero-pdf-translate splits the body on "data:", JSON-parses each piece (skipping what
     does not parse, such as [DONE]) and appends delta.content until a finish_reason."""
     call = api.parse_chat(fixture("zotero-pdf-translate")["request"], MODELS)
-    stream = api.Stream(call)
+    stream = reply_api.Stream(call)
     body = "".join(stream.opening() + [e for line in stream_lines() for e in stream.event(line)])
     result = ""
     for piece in body.split("data:"):
@@ -416,7 +418,7 @@ def test_zotero_reads_the_stream_its_own_way() -> None:
 def test_pyvideotrans_reads_finish_reason_and_the_tagged_text() -> None:
     call = api.parse_chat(fixture("pyvideotrans")["request"], MODELS)
     assert call.forward["max_tokens"] == 32768 and call.forward["temperature"] == 0.1
-    body = api.response(call, REPLY)
+    body = reply_api.response(call, REPLY)
     assert body["choices"][0]["finish_reason"] == "stop"  # "length" makes it raise
     assert body["choices"][0]["message"]["content"] == "Hallo"
 
@@ -425,5 +427,5 @@ def test_a_refusal_names_the_limit_it_passed() -> None:
     body = PayloadTooLarge(
         "the messages hold 4155 characters", field="messages", allowed="at most 4000 characters"
     ).body("r")
-    error = api.error_from_reply(413, body)
+    error = reply_api.error_from_reply(413, body)
     assert error.message == "the messages hold 4155 characters (allowed: at most 4000 characters)"

@@ -1,4 +1,5 @@
-"""The official openai SDK reads what request/openai_api.py writes, and sends what it accepts.
+"""The official openai SDK reads what request/openai_reply.py writes, and sends what
+request/openai_api.py accepts.
 
 The SDK's HTTP client gets a transport that answers each call with this module's functions
 (the work a ``/v1`` route does, minus TorchServe: the model server's reply is a fixed chat-form
@@ -18,6 +19,7 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hymt_serve.request import openai_api as api
+from hymt_serve.request import openai_reply as reply_api
 
 MODELS = ("hunyuan-mt",)
 SENT: list[dict[str, Any]] = []  # the bodies the SDK sent, for the tests to read
@@ -46,8 +48,8 @@ def answer(request: httpx2.Request) -> httpx2.Response:
         return httpx2.Response(error.status, json=error.body())
     reply = reply_for(call)
     if not call.stream:
-        return httpx2.Response(200, json=api.response(call, reply))
-    stream = api.Stream(call)
+        return httpx2.Response(200, json=reply_api.response(call, reply))
+    stream = reply_api.Stream(call)
     events = stream.opening()
     for choice in reply["choices"]:
         for piece in (choice["text"][:3], choice["text"][3:]):
@@ -137,7 +139,7 @@ def test_errors_raise_the_sdks_exceptions(
 def test_an_error_in_a_stream_raises() -> None:
     def failing(request: httpx2.Request) -> httpx2.Response:
         call = api.parse_chat(json.loads(request.content), MODELS)
-        stream = api.Stream(call)
+        stream = reply_api.Stream(call)
         events = stream.opening() + stream.event({"delta": "Ha", "index": 0})
         events += stream.event({"error": "the engine failed", "error_type": "generation_failed"})
         return httpx2.Response(200, headers={"content-type": "text/event-stream"},

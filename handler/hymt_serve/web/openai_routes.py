@@ -10,7 +10,8 @@ upstream slot until its answer or stream ends (a client that goes away frees it 
 :class:`.torchserve.Relay`).
 
 What a body may hold, what goes to TorchServe (the request API's chat form), the replies, the
-server-sent events and the error bodies are :mod:`hymt_serve.request.openai_api`'s. Every
+server-sent events and the error bodies are :mod:`hymt_serve.request.openai_api`'s and
+:mod:`hymt_serve.request.openai_reply`'s. Every
 refusal here is OpenAI's ``{"error": {"message", "type", "param", "code"}}``, the front end's
 own included: 401 for the key, 429 for its quota (``x-should-retry: false``: waiting does not
 help) or for too many requests in progress, 503 (retry) for a full server, 502 when TorchServe
@@ -30,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from hymt_serve.request import openai_api
+from hymt_serve.request import openai_api, openai_reply
 from hymt_serve.request.openai_api import Call, OpenAIError
 from hymt_serve.web.access import QUOTA_REACHED, QuotaReached, bearer_key, counted, held
 from hymt_serve.web.fairness import RETRY_AFTER_S, Busy, KeyLimits
@@ -143,7 +144,7 @@ async def _whole(torchserve: TorchServe, model: str, call: Call) -> Response:
     if status != 200:
         raise _upstream_error(status, reply)
     try:
-        return json_response(openai_api.response(call, reply))
+        return json_response(openai_reply.response(call, reply))
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise OpenAIError(500, NOT_A_REPLY, kind="server_error") from error
 
@@ -160,7 +161,7 @@ async def _streamed(torchserve: TorchServe, model: str, call: Call) -> Response:
 async def _events(streamed: Streamed, call: Call) -> AsyncIterator[str]:
     """The server-sent events for TorchServe's NDJSON lines, ending in ``data: [DONE]``
     however TorchServe's stream ends."""
-    stream = openai_api.Stream(call)
+    stream = openai_reply.Stream(call)
     for event in stream.opening():
         yield event
     try:
@@ -190,7 +191,7 @@ def _upstream_error(status: int, body: Mapping[str, Any]) -> OpenAIError:
     if body.get("error_type") == "server_unavailable":
         message = str(body.get("error") or "the model server cannot be reached")
         return OpenAIError(502, message, kind="server_error", code="server_unavailable")
-    return openai_api.error_from_reply(status, body)
+    return openai_reply.error_from_reply(status, body)
 
 
 def _busy(busy: Busy) -> OpenAIError:
