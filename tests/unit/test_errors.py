@@ -145,10 +145,10 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/document_fields.py", "parse_document", "InvalidRequest"): 400,
     ("hymt_serve/request/document_fields.py", "parse_document", "PayloadTooLarge"): 413,
     ("hymt_serve/request/document_formats.py", "_malformed", "InvalidRequest"): 400,
-    ("hymt_serve/request/service.py", "_tokenise_document", "PayloadTooLarge"): 413,
+    ("hymt_serve/request/tokenising.py", "_tokenise_document", "PayloadTooLarge"): 413,
     # The service: a text (or a document's segment) or a conversation whose prompt is too long.
-    ("hymt_serve/request/service.py", "_row", "PayloadTooLarge"): 413,
-    ("hymt_serve/request/service.py", "_tokenise_chat", "PayloadTooLarge"): 413,
+    ("hymt_serve/request/tokenising.py", "_row", "PayloadTooLarge"): 413,
+    ("hymt_serve/request/tokenising.py", "_tokenise_chat", "PayloadTooLarge"): 413,
     # The engine (its domain errors): rows it cannot take, too many waiting, its process gone.
     ("hymt_serve/engine/scheduler/loop.py", "submit", "RowRejected"): 400,
     ("hymt_serve/engine/codec.py", "encode_conversation", "RowRejected"): 400,
