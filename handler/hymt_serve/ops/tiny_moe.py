@@ -163,3 +163,100 @@ def build_tiny_moe_model(out_dir: Path, seed: int = 0) -> Path:
     }
     (out_dir / TINY_MODEL_MARKER).write_text(json.dumps(about, indent=2) + "\n")
     return out_dir
+
+
+# What AngelSlim writes into config.json for a per-tensor, static FP8 export of hy_v3
+# (tools/fp8_quant_with_vllm_activation.py; PTQSaveVllmHF with save_name "fp8" writes the same
+# keys): weight_block_size absent means tensor-wise.
+MOE_FP8_CONFIG = {
+    "activation_scheme": "static",
+    "ignored_layers": ["lm_head", "model.embed_tokens"],
+    "quant_method": "fp8",
+}
+# transformers' module names -> the published checkpoint's (transformers maps these back)
+ON_DISK = ((".mlp.gate.weight", ".mlp.router.gate.weight"),
+           (".mlp.e_score_correction_bias", ".mlp.expert_bias"),
+           (".mlp.shared_experts.", ".mlp.shared_mlp."))  # fmt: skip
+
+
+def write_moe_fp8_checkpoint(source: Path, out: Path, prompts: list[list[int]]) -> Path:
+    """Write ``source`` (a ``hy_v3`` folder) to ``out`` as AngelSlim's FP8 export of it: every
+    projection (attention, the dense layer's MLP, each routed expert and the shared one, under
+    the published per-expert names) ``float8_e4m3fn`` with an fp32 ``weight_scale`` (its
+    absolute maximum / 448, shape ``[1]``) and an fp32 ``input_scale`` (the largest absolute
+    input over ``prompts`` / 448: for the experts the mixture's input to gate and up, and to
+    down the largest over every token's own SiLU(gate) * up); router, bias, norms, embeddings
+    and LM head in bf16. Round to nearest, as AngelSlim's per-tensor export does."""
+    import torch  # seconds: see build_moe_tokenizer
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from hymt_serve.engine.kernels.quantized import FP8_MAX, quantize_tensor
+    from hymt_serve.ops.quantize import _copy_folder
+
+    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    peaks = _input_peaks(model, prompts)
+    tensors: dict[str, Any] = {}
+
+    def put(name: str, weight: Any, peak: Any) -> None:
+        tensors[f"{name}.weight"], tensors[f"{name}.weight_scale"] = quantize_tensor(weight)
+        tensors[f"{name}.input_scale"] = (peak / FP8_MAX).clamp(min=1e-12).reshape(1).float()
+
+    for name, tensor in model.state_dict().items():
+        module, _, leaf = name.rpartition(".")
+        if name.endswith("experts.gate_up_proj"):
+            width = tensor.shape[1] // 2
+            for e in range(tensor.shape[0]):
+                put(f"{module}.{e}.gate_proj", tensor[e, :width], peaks[module])
+                put(f"{module}.{e}.up_proj", tensor[e, width:], peaks[module])
+        elif name.endswith("experts.down_proj"):
+            for e in range(tensor.shape[0]):
+                put(f"{module}.{e}.down_proj", tensor[e], peaks[f"{module}.down"][e])
+        elif leaf == "weight" and module in peaks:
+            put(module, tensor, peaks[module])
+        else:
+            tensors[name] = tensor.to(torch.bfloat16)
+    for old, new in ON_DISK:
+        tensors = {name.replace(old, new): value.contiguous() for name, value in tensors.items()}
+    _copy_folder(source, out)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    config.update(dtype="bfloat16", quantization_config=dict(MOE_FP8_CONFIG))
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def _input_peaks(model: Any, prompts: list[list[int]]) -> dict[str, Any]:
+    """The largest absolute input of every projection (by module name) over ``prompts``;
+    for each mixture's experts (``...mlp.experts``) their common input, and
+    (``...mlp.experts.down``) each expert's largest down input over every token."""
+    import torch
+    import torch.nn.functional as F
+
+    seen: dict[str, Any] = {}
+
+    def record(name: str, value: Any) -> None:
+        seen[name] = torch.maximum(seen[name], value) if name in seen else value
+
+    def hook(module: Any, inputs: tuple[Any, ...], name: str) -> None:
+        x = inputs[0].detach().reshape(-1, inputs[0].shape[-1])
+        record(name, x.abs().amax())
+        if name.endswith(".mlp.experts"):
+            width = module.gate_up_proj.shape[1] // 2
+            both = torch.einsum("th,eoh->eto", x, module.gate_up_proj.detach())
+            h = F.silu(both[..., :width]) * both[..., width:]
+            record(f"{name}.down", h.abs().amax(dim=(1, 2)))
+
+    handles = [
+        module.register_forward_pre_hook(lambda m, i, name=name: hook(m, i, name))
+        for name, module in model.named_modules()
+        if name.endswith(".mlp.experts") or (isinstance(module, torch.nn.Linear) and "proj" in name)
+    ]
+    try:
+        with torch.no_grad():
+            for ids in prompts:
+                model(torch.tensor([ids]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen

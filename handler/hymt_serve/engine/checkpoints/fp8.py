@@ -16,13 +16,20 @@ each FP8 weight into the model's dtype exactly (every e4m3 value is a bf16 value
 engine turns those back into e4m3 with the scales read here (the architecture's
 ``extract_weights``, e.g.
 :func:`hymt_serve.engine.models.hunyuan_v1_dense_weights.extract_weights`).
+The same tensors also come under ``quant_method: fp8`` (AngelSlim's ``save_name: fp8``, the
+form its Hy3 / ``hy_v3`` configs and its vLLM-calibrated export write, and vLLM's and
+transformers' own FP8 format): ``{"quant_method": "fp8", "activation_scheme": "static" |
+"dynamic", "ignored_layers": [...]}``, tensor-wise when ``weight_block_size`` is absent or
+null; a ``kv_cache_scheme`` there is an FP8 cache's option, left unused (the cache stays in
+the model's dtype). Block-wise scales (``weight_block_size`` set, ``weight_scale_inv``
+tensors) are refused by name: no published Hunyuan checkpoint is known to use them.
 Anything else under ``quantization_config`` is refused by name.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +40,8 @@ from hymt_serve.core.errors import ConfigurationError
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SUPPORTED = (
-    "compressed-tensors FP8 (e4m3, tensor-wise weights, static or dynamic tensor-wise inputs)"
+    "compressed-tensors or quant_method fp8 FP8 (e4m3, tensor-wise weights, static or dynamic "
+    "tensor-wise inputs)"
 )
 
 
@@ -45,10 +53,14 @@ class Fp8Scales:
     weight: dict[str, Tensor]
     input: dict[str, Tensor]
     static: bool
+    method: str = "compressed-tensors"  # the config's quant_method
+    # A mixture's expert stacks as read (hy_v3, :mod:`.fp8_moe`), by the mixture's module name
+    # (``model.layers.3.mlp``): e4m3 gate/up, its fp32 row scales, e4m3 down, its row scales.
+    experts: dict[str, tuple[Tensor, Tensor, Tensor, Tensor]] = field(default_factory=dict)
 
     def describe(self) -> str:
         inputs = "static input scales" if self.static else "dynamic input scales, per token"
-        return f"FP8 checkpoint (compressed-tensors, tensor-wise, {inputs})"
+        return f"FP8 checkpoint ({self.method}, tensor-wise, {inputs})"
 
 
 def fp8_scheme(config: dict[str, Any]) -> bool | None:
@@ -58,6 +70,8 @@ def fp8_scheme(config: dict[str, Any]) -> bool | None:
     if quantization is None:
         return None
     method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if method == "fp8":
+        return _fp8_method(quantization)
     if method != "compressed-tensors":
         raise ConfigurationError(
             f"this checkpoint is quantized with {method!r}; supported: {SUPPORTED}"
@@ -79,6 +93,23 @@ def fp8_scheme(config: dict[str, Any]) -> bool | None:
     if quantization.get("kv_cache_scheme"):
         raise ConfigurationError(f"a quantized KV cache is not supported; supported: {SUPPORTED}")
     return inputs is not None and not inputs.get("dynamic", False)
+
+
+def _fp8_method(quantization: dict[str, Any]) -> bool:
+    """``quant_method: fp8``: whether its input scales are static; ConfigurationError for
+    block-wise weights or an unknown activation scheme."""
+    if quantization.get("weight_block_size") is not None:
+        raise ConfigurationError(
+            f"block-wise FP8 (weight_block_size {quantization['weight_block_size']}) is not "
+            f"supported; supported: {SUPPORTED}"
+        )
+    scheme = quantization.get("activation_scheme", "dynamic")
+    if scheme not in ("static", "dynamic"):
+        raise ConfigurationError(f"activation_scheme {scheme!r}; supported: {SUPPORTED}")
+    # A kv_cache_scheme (AngelSlim writes "static" with kv_cache_scales.safetensors when it
+    # calibrated the cache too) is an option of the server's: the engine's cache stays in the
+    # model's dtype, which needs no scales, and the scales are not read.
+    return bool(scheme == "static")
 
 
 def _check_args(args: dict[str, Any], name: str, *, dynamic_allowed: bool) -> None:
@@ -127,7 +158,8 @@ def read_scales(model_path: Path, config: dict[str, Any], static: bool) -> Fp8Sc
             raise ConfigurationError(f"{module} has no input_scale, which its scheme needs")
     if not expected:
         raise ConfigurationError(f"no quantized projection found in {model_path}")
-    return Fp8Scales(weight, inputs if static else {}, static)
+    method = str((config.get("quantization_config") or {}).get("quant_method"))
+    return Fp8Scales(weight, inputs if static else {}, static, method)
 
 
 def read_config(model_path: Path) -> dict[str, Any]:

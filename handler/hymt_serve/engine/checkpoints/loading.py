@@ -17,6 +17,7 @@ from hymt_serve.core.config import Quantization
 from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.core.settings import Settings
 from hymt_serve.engine.checkpoints.fp8 import Fp8Scales, fp8_scheme, read_config, read_scales
+from hymt_serve.engine.checkpoints.fp8_moe import load_hy_v3_fp8
 from hymt_serve.engine.checkpoints.gptq import gptq_config, load_gptq_weights
 from hymt_serve.engine.kernels import weight_only
 from hymt_serve.engine.kernels.quantized import Int4Parts
@@ -188,8 +189,14 @@ def load_model(settings: Settings, gpu_id: int | None = None) -> LoadedModel:
     raw = read_config(settings.model_path)
     gptq = _gptq_checkpoint(settings, raw, kwargs)
     int4: Int4Parts | None = None
+    model: Any
     plan, scales = (plan, None) if gptq else _fp8_checkpoint(settings, plan, raw, kwargs)
-    model: Any = AutoModelForCausalLM.from_pretrained(settings.model_path, **kwargs)
+    if scales is not None and raw.get("model_type") == "hy_v3":  # its experts stay e4m3
+        model, scales = load_hy_v3_fp8(
+            settings.model_path, kwargs["config"], raw, plan.device, plan.dtype
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(settings.model_path, **kwargs)
     if gptq:
         count, int4 = load_gptq_weights(model, settings.model_path)
         logger.info("read %d GPTQ-Int4 projections (%d in int4 form)", count, len(int4))
@@ -243,6 +250,8 @@ def _fp8_checkpoint(
     config = AutoConfig.from_pretrained(settings.model_path)
     del config.quantization_config
     kwargs["config"] = config
+    if raw.get("model_type") == "hy_v3":  # its scales come with its experts (load_hy_v3_fp8)
+        return plan, Fp8Scales({}, {}, static)
     return plan, read_scales(settings.model_path, raw, static)
 
 

@@ -15,6 +15,12 @@ pairs nothing needs sorting: each pair reads its own expert's rows.
   pair's weight, summed in fp32 and written to ``out [T, hidden]``. No atomics: the sum's
   order is fixed, so a token's output does not depend on its batch.
 
+FP8 experts (e4m3 weights, one fp32 scale per expert and output row, see
+:mod:`hymt_serve.engine.kernels.experts_fp8`) run in the same kernels, weight-only: each row's
+sum over its e4m3 weights (read as one byte each, half of bf16's traffic) and the bf16 inputs is
+multiplied by the row's scale once, after the reduction (a row's scale is common to all its
+inputs, so this is the dequantized product exactly up to fp32 rounding).
+
 The pairs vary fastest in the first grid and the tokens in the second, so programs that read
 the same expert's rows (the shared expert, stacked as one more, is every token's) run side by
 side and the repeats come from L2. Every shape is static and nothing is read back to the
@@ -78,17 +84,29 @@ def pair_experts_applies(x: Tensor, chosen: Tensor) -> bool:
 
 
 def pair_experts(
-    x: Tensor, chosen: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor
+    x: Tensor,
+    chosen: Tensor,
+    weights: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    scales: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """The weighted sum over each token's chosen experts, fp32 ``[T, hidden]``: as
     :func:`~hymt_serve.engine.kernels.experts.grouped_experts` (``x [T, hidden]``;
     ``chosen``/``weights [T, k]``; ``gate_up [E, 2 x width, hidden]``, gate rows then up
-    rows; ``down [E, hidden, width]``), pair by pair."""
-    return launch(x, chosen, weights, gate_up, down, TILES)
+    rows; ``down [E, hidden, width]``), pair by pair. ``scales``: for e4m3 stacks, their
+    fp32 row scales ``[E, 2 x width]`` and ``[E, hidden]``."""
+    return launch(x, chosen, weights, gate_up, down, TILES, scales)
 
 
 def launch(
-    x: Tensor, chosen: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor, tiles: Tiles
+    x: Tensor,
+    chosen: Tensor,
+    weights: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    tiles: Tiles,
+    scales: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """:func:`pair_experts` on the given tiles."""
     tokens, k = chosen.shape
@@ -102,29 +120,45 @@ def launch(
     pairs = tokens * k
     h = torch.empty(pairs, width, device=x.device, dtype=x.dtype)
     out = torch.empty(tokens, hidden, device=x.device, dtype=torch.float32)
+    # Plain stacks pass their own tensors as the (unread) scale pointers.
+    gate_up_scale, down_scale = scales if scales is not None else (gate_up, down)
+    if scales is not None:
+        assert gate_up_scale.shape == gate_up.shape[:2] and down_scale.shape == down.shape[:2]
+        assert gate_up_scale.is_contiguous() and down_scale.is_contiguous()
     grid = (pairs, triton.cdiv(width, tiles.gate_rows))
     _kernels()[0][grid](
-        x, chosen, gate_up, h, x.stride(0), gate_up.stride(0), gate_up.stride(1), k, width,
-        hidden, BLOCK_W=tiles.gate_rows, BLOCK_K=tiles.gate_k,
-        EVEN_K=hidden % tiles.gate_k == 0, num_warps=tiles.gate_warps,
+        x, chosen, gate_up, gate_up_scale, h, x.stride(0), gate_up.stride(0),
+        gate_up.stride(1), k, width, hidden, BLOCK_W=tiles.gate_rows, BLOCK_K=tiles.gate_k,
+        EVEN_K=hidden % tiles.gate_k == 0, SCALED=scales is not None,
+        num_warps=tiles.gate_warps,
     )  # fmt: skip
     grid = (tokens, triton.cdiv(hidden, tiles.down_rows))
     _kernels()[1][grid](
-        h, chosen, weights, down, out, down.stride(0), down.stride(1), k, width, hidden,
-        PAIRS=triton.next_power_of_2(k), BLOCK_H=tiles.down_rows, BLOCK_K=tiles.down_k,
-        num_warps=tiles.down_warps,
+        h, chosen, weights, down, down_scale, out, down.stride(0), down.stride(1), k, width,
+        hidden, PAIRS=triton.next_power_of_2(k), BLOCK_H=tiles.down_rows,
+        BLOCK_K=tiles.down_k, SCALED=scales is not None, num_warps=tiles.down_warps,
     )  # fmt: skip
     return out
 
 
-def reference(x: Tensor, chosen: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
+def reference(
+    x: Tensor,
+    chosen: Tensor,
+    weights: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    scales: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
     """The same sum in fp32, pair by pair in plain PyTorch (the tests' yardstick)."""
     width = down.shape[2]
     xf = x.float()
-    w_gate_up = gate_up[chosen].float()  # [T, k, 2 x width, hidden]
+    w_gate_up, w_down = gate_up[chosen].float(), down[chosen].float()  # [T, k, rows, inputs]
+    if scales is not None:
+        w_gate_up = w_gate_up * scales[0][chosen][..., None]
+        w_down = w_down * scales[1][chosen][..., None]
     both = torch.einsum("th,tkoh->tko", xf, w_gate_up)
     h = torch.nn.functional.silu(both[..., :width]) * both[..., width:]
-    out = torch.einsum("tkw,tkow->tko", h, down[chosen].float())
+    out = torch.einsum("tkw,tkow->tko", h, w_down)
     return (out * weights.float()[..., None]).sum(dim=1)
 
 
@@ -137,8 +171,9 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def gate_up_kernel(  # type: ignore[no-untyped-def]
-        x_ptr, chosen_ptr, w_ptr, h_ptr, stride_x, stride_e, stride_row, K_PAIRS, WIDTH,
-        HIDDEN, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+        x_ptr, chosen_ptr, w_ptr, scale_ptr, h_ptr, stride_x, stride_e, stride_row, K_PAIRS,
+        WIDTH, HIDDEN, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+        SCALED: tl.constexpr,
     ):  # fmt: skip
         # h[pair, block] = SiLU(x[token] . gate rows) * (x[token] . up rows) of the pair's
         # expert. Rows past WIDTH read the last row again (loads without a row mask stay
@@ -169,14 +204,19 @@ if triton is not None:
             acc_up += u.to(tl.float32) * xs[None, :]
         g_sum = tl.sum(acc_gate, axis=1)
         u_sum = tl.sum(acc_up, axis=1)
+        if SCALED:  # e4m3 rows: each row's scale (scales are [E, 2 x WIDTH], contiguous)
+            row_scale = scale_ptr + expert * 2 * WIDTH + rows
+            g_sum *= tl.load(row_scale)
+            u_sum *= tl.load(row_scale + WIDTH)
         h = g_sum * tl.sigmoid(g_sum) * u_sum
         target = h_ptr + pair.to(tl.int64) * WIDTH + rows
         tl.store(target, h.to(h_ptr.dtype.element_ty), mask=row_ok)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def down_kernel(  # type: ignore[no-untyped-def]
-        h_ptr, chosen_ptr, weights_ptr, w_ptr, out_ptr, stride_e, stride_row, K_PAIRS, WIDTH,
-        HIDDEN, PAIRS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+        h_ptr, chosen_ptr, weights_ptr, w_ptr, scale_ptr, out_ptr, stride_e, stride_row,
+        K_PAIRS, WIDTH, HIDDEN, PAIRS: tl.constexpr, BLOCK_H: tl.constexpr,
+        BLOCK_K: tl.constexpr, SCALED: tl.constexpr,
     ):  # fmt: skip
         # out[token, block] = sum over the token's pairs j of weight_j * (down rows of
         # expert_j . h[pair_j]), in fp32. The tile's rows are (pair j, row) for all the
@@ -203,6 +243,8 @@ if triton is not None:
             hs = tl.load(h_rows[:, None] + ks[None, :], mask=ok, other=0.0)
             acc += w.to(tl.float32) * hs.to(tl.float32)
         weight = tl.load(weights_ptr + pair, mask=pair_ok, other=0.0).to(tl.float32)
+        if SCALED:  # e4m3 rows: the pair's weight times each row's scale ([E, HIDDEN])
+            weight *= tl.load(scale_ptr + expert * HIDDEN + rows, mask=pair_ok, other=0.0)
         by_pair = tl.reshape(tl.sum(acc, axis=1) * weight, (PAIRS, BLOCK_H))
         out = tl.sum(by_pair, axis=0)
         block = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from hymt_serve.engine.checkpoints.fp8 import Fp8Scales
 from hymt_serve.engine.kernels.experts import grouped_experts, route, with_shared
+from hymt_serve.engine.kernels.experts_fp8 import FP8, grouped_fp8_experts
 from hymt_serve.engine.kernels.experts_triton import pair_experts, pair_experts_applies
 from hymt_serve.engine.kernels.quantized import Int4Parts, linear
 from hymt_serve.engine.models.base import UnsupportedModelError
@@ -71,10 +72,19 @@ def attention_in(
     return qk[:, :heads], qk[:, heads:], v
 
 
-def dense_mlp(x: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
-    """SiLU(x gate^T) * (x up^T) down^T for plain weights (``gate_up``: gate rows, then up)."""
-    gate, up = linear(x, gate_up, *_plain(gate_up)).chunk(2, dim=-1)
-    return linear(F.silu(gate) * up, down, *_plain(down))
+def dense_mlp(
+    x: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    gate_up_scale: Tensor,
+    gate_up_input: Tensor,
+    down_scale: Tensor,
+    down_input: Tensor,
+) -> Tensor:
+    """SiLU(x gate^T) * (x up^T) down^T (``gate_up``: gate rows, then up), each projection
+    plain or e4m3 with its scales (:func:`~hymt_serve.engine.kernels.quantized.linear`)."""
+    gate, up = linear(x, gate_up, gate_up_scale, gate_up_input).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, down, down_scale, down_input)
 
 
 def _plain(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -147,16 +157,34 @@ def _attention_tensors(lw: Layer) -> tuple[Tensor, ...]:
 def mlp_output(x: Tensor, lw: Layer, shape: MoeShape, fns: StepFunctions) -> Tensor:
     """A layer's MLP on its normed input: dense, or the mixture's experts (fp32 sum)."""
     if isinstance(lw, LayerWeights):
-        return fns.dense(x, lw.gate_up, lw.down)
+        return fns.dense(
+            x, lw.gate_up, lw.down, lw.gate_up_scale, lw.gate_up_input, lw.down_scale,
+            lw.down_input,
+        )  # fmt: skip
     chosen, weights = fns.route(x, lw.router, lw.expert_bias)
     if shape.shared_stacked:
         chosen, weights = with_shared(chosen, weights, shape.experts)
-    # few pairs (decode of a small batch): each pair's GEMV without sorting; else grouped GEMMs
-    experts = pair_experts if pair_experts_applies(x, chosen) else grouped_experts
-    out = experts(x, chosen, weights, lw.experts_gate_up, lw.experts_down)
+    out = run_experts(x, chosen, weights, lw)
     if not shape.shared_stacked:
-        out = out + fns.dense(x, lw.shared_gate_up, lw.shared_down).float()
+        shared = fns.dense(
+            x, lw.shared_gate_up, lw.shared_down, lw.shared_gate_up_scale,
+            lw.shared_gate_up_input, lw.shared_down_scale, lw.shared_down_input,
+        )  # fmt: skip
+        out = out + shared.float()
     return out
+
+
+def run_experts(x: Tensor, chosen: Tensor, weights: Tensor, lw: MoeLayerWeights) -> Tensor:
+    """The chosen experts' weighted sum: few pairs (decode of a small batch) each pair's GEMV
+    without sorting, else grouped GEMMs; e4m3 stacks with their row scales."""
+    stacks = (lw.experts_gate_up, lw.experts_down)
+    scales = (lw.experts_gate_up_scale, lw.experts_down_scale)
+    fp8 = lw.experts_gate_up.dtype == FP8
+    if pair_experts_applies(x, chosen):
+        return pair_experts(x, chosen, weights, *stacks, scales if fp8 else None)
+    if fp8:
+        return grouped_fp8_experts(x, chosen, weights, stacks, scales)
+    return grouped_experts(x, chosen, weights, *stacks)
 
 
 def forward_pass(
@@ -208,12 +236,9 @@ class HyV3:
         int4: Int4Parts | None,
         quantize_head: bool,
     ) -> ModelWeights:
-        if scales is not None or int4 is not None:
-            raise UnsupportedModelError(
-                "hy_v3 runs on the fast engine with plain weights; its FP8 and GPTQ "
-                "checkpoints are not supported yet"
-            )
-        return extract_weights(model, quantize=quantize, quantize_head=quantize_head)
+        if int4 is not None:
+            raise UnsupportedModelError("hy_v3 GPTQ checkpoints are not supported yet")
+        return extract_weights(model, quantize=quantize, scales=scales, quantize_head=quantize_head)
 
     def rope_tables(self, weights: ModelWeights, length: int) -> tuple[Tensor, Tensor]:
         return rope_tables(weights.inv_freq, length, weights.dtype)
