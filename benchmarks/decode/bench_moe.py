@@ -11,7 +11,15 @@ and the all-experts roofline (every weight once). It also reports the memory pla
 tokens fit beside the weights), the costliest kernels of a step, and writes ``results.json``,
 ``results.md`` and ``decode.png`` to ``--out``.
 
+``--quantize fp8`` measures the same with the weights quantized at load as the ``quantization:
+fp8`` setting does (experts e4m3 with a scale per row, read weight-only by the pair kernels;
+attention and the dense layer e4m3 on FP8 tensor cores): both rooflines then count the bytes
+the fast engine holds (one per e4m3 weight, their scales, the router in fp32, the LM head in
+bf16), taken from its own tensors.
+
     PYTHONPATH=handler python benchmarks/decode/bench_moe.py --out benchmarks/decode/hy-mt2-30b-a3b
+    PYTHONPATH=handler python benchmarks/decode/bench_moe.py --quantize fp8 \
+        --batches 1 8 64 128 --out benchmarks/decode/hy-mt2-30b-a3b-fp8
 """
 
 from __future__ import annotations
@@ -40,31 +48,43 @@ from hymt_serve.engine.scheduler.loop import Scheduler
 from hymt_serve.ops.tiny_moe import HY_MT2_30B_SHAPE, random_30b_a3b_model
 
 SHAPE = HY_MT2_30B_SHAPE
-EXPERT_PARAMS = 3 * SHAPE["hidden_size"] * SHAPE["moe_intermediate_size"]
 KV_BYTES_PER_TOKEN = (
     SHAPE["num_hidden_layers"] * SHAPE["num_key_value_heads"] * SHAPE["head_dim"] * 2 * 2
 )
 
 
-def weight_plan(model: Any) -> dict[str, int]:
-    """Bytes of the routed experts and of everything else a step reads (the embedding table
-    excluded: a step reads one row of it per token)."""
-    routed = sum(
-        layer.mlp.experts.gate_up_proj.numel() + layer.mlp.experts.down_proj.numel()
-        for layer in model.model.layers
-        if hasattr(layer.mlp, "experts")
-    )
-    total = sum(p.numel() for p in model.parameters())
-    embed = model.model.embed_tokens.weight.numel()
-    return {"routed_bytes": 2 * routed, "other_bytes": 2 * (total - routed - embed)}
+def weight_plan(fast: Any) -> dict[str, float]:
+    """Bytes of the routed experts (per layer and expert too) and of everything else a step
+    reads (the embedding table excluded: a step reads one row of it per token), from the fast
+    engine's own tensors: what it holds, bf16 or e4m3 with their scales."""
+    experts = SHAPE["num_experts"]
+    routed = other = 0
+    sparse = 0
+    for layer in fast.weights.layers:
+        for name, tensor in layer._asdict().items():
+            size = tensor.numel() * tensor.element_size()
+            if name.startswith("experts_"):  # routed rows first, the stacked shared expert last
+                part = size * experts // tensor.shape[0]
+                routed, other = routed + part, other + size - part
+            else:
+                other += size
+        sparse += hasattr(layer, "router")
+    head = fast.weights.lm_head
+    other += head.numel() * head.element_size() + fast.weights.final_norm.numel() * 2
+    return {
+        "routed_bytes": routed,
+        "other_bytes": other,
+        "expert_bytes": routed / max(sparse * experts, 1),
+        "sparse_layers": sparse,
+    }
 
 
 def rooflines(
-    plan: dict[str, int], sparse_layers: int, batch: int, context: float, bandwidth: float
+    plan: dict[str, float], batch: int, context: float, bandwidth: float
 ) -> dict[str, float]:
     experts, k = SHAPE["num_experts"], SHAPE["num_experts_per_tok"]
     touched = experts * (1 - (1 - k / experts) ** batch)
-    active = plan["other_bytes"] + sparse_layers * touched * EXPERT_PARAMS * 2
+    active = plan["other_bytes"] + plan["sparse_layers"] * touched * plan["expert_bytes"]
     kv = batch * context * KV_BYTES_PER_TOKEN
     return {
         "experts_per_layer": round(touched, 1),
@@ -77,10 +97,11 @@ def rooflines(
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        f"# Decode on Hy-MT2-30B-A3B's shape, {report['gpu']}",
+        f"# Decode on Hy-MT2-30B-A3B's shape, {report['quantize']}, {report['gpu']}",
         "",
         f"{report['date']}; `{report['command']}`; torch {report['torch']}; copy bandwidth "
-        f"{report['bandwidth_tb_s']} TB/s; weights {report['weight_gb']} GB (bf16); "
+        f"{report['bandwidth_tb_s']} TB/s; weights {report['weight_gb']} GB as the engine holds "
+        f"them ({report['quantize']}); "
         f"prompt {report['prompt_tokens']} tokens.",
         "",
         "| batch | ms/step | graph ms/step | roofline ms (active) | x roofline | "
@@ -130,7 +151,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch")
     ax.set_ylabel("ms per decode step")
-    ax.set_title(f"Hy-MT2-30B-A3B shape, bf16, {report['gpu']}")
+    ax.set_title(f"Hy-MT2-30B-A3B shape, {report['quantize']}, {report['gpu']}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -144,45 +165,51 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--layers", type=int, default=None, help="fewer layers (a probe)")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--quantize", choices=["none", "fp8"], default="none", help="quantize at load"
+    )
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     torch.cuda.empty_cache()  # (its 8 GiB of buffers would stay reserved beside 60 GB)
     started = time.perf_counter()
     model = random_30b_a3b_model("cuda", layers=args.layers)
     built_s = time.perf_counter() - started
-    plan = weight_plan(model)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    sparse = sum(hasattr(layer.mlp, "experts") for layer in model.model.layers)
     # graph_step_ms reads 100 cached positions
     max_seq_len = max(args.prompt_tokens + args.new_tokens, 128)
     torch.cuda.empty_cache()
-    free_after_weights = torch.cuda.mem_get_info()[0]
     start = time.perf_counter()
     fast = build_fast_runner(
         model,
         max_batch_size=max(args.batches),
         max_seq_len=max_seq_len,
         compile_model=not args.no_compile,
+        quantize=args.quantize,
     )
     ready_s = time.perf_counter() - start
     print(f"ready in {ready_s:.1f} s: {fast.describe()}", flush=True)
+    plan = weight_plan(fast)
+    weight_bytes = plan["routed_bytes"] + plan["other_bytes"]
+    weight_bytes += fast.weights.embed.numel() * fast.weights.embed.element_size()
+    torch.cuda.empty_cache()
+    # free memory with the weights held, the KV cache the runner sized given back
+    free_after_weights = torch.cuda.mem_get_info()[0] + fast.describe()["kv_cache_gb"] * 1e9
     scheduler = Scheduler(fast, (), _ids, max_seq_len=max_seq_len)
     rows = []
     for batch in args.batches:
         row = measure(
             fast_runner(scheduler, prompts(batch, args.prompt_tokens)), batch, args.new_tokens
         )
-        row.update(
-            rooflines(plan, sparse, batch, args.prompt_tokens + args.new_tokens / 2, bandwidth)
-        )
+        row.update(rooflines(plan, batch, args.prompt_tokens + args.new_tokens / 2, bandwidth))
         row["graph_ms_per_step"] = round(graph_step_ms(fast, batch), 3)
         rows.append(row)
         print(row, flush=True)
     kv_tokens = int(free_after_weights * KV_CACHE_SHARE) // KV_BYTES_PER_TOKEN
+    plan_summary = {k: round(v / 1e9, 3) if k.endswith("bytes") else v for k, v in plan.items()}
     report = {
         "gpu": torch.cuda.get_device_name(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", *sys.argv]),
+        "quantize": "bf16" if args.quantize == "none" else args.quantize,
         "torch": torch.__version__,
         "prompt_tokens": args.prompt_tokens,
         "bandwidth_tb_s": round(bandwidth / 1e12, 3),
@@ -194,10 +221,11 @@ def main() -> None:
             "weights_gb": round(weight_bytes / 1e9, 2),
             "free_gb_after_weights": round(free_after_weights / 1e9, 1),
             "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
-            "kv_tokens_that_fit": kv_tokens,
+            "kv_tokens_that_fit": int(kv_tokens),
             "slots_at_2048": kv_tokens // 2048,
         },
         "fast_engine": fast.describe(),
+        "weight_plan_gb": plan_summary,
         "kernel_times": {
             b: kernel_times(fast, fast.bucket_for(b)) for b in (1, 64) if b <= max(args.batches)
         },
