@@ -53,12 +53,16 @@ class GenerationRow:
     """One text to generate for.
 
     ``prompt_ids`` is the full templated prompt (BOS included). ``sampling`` is None for greedy
-    decoding. ``max_new_tokens`` counts generated tokens, the stop token included.
+    decoding. ``max_new_tokens`` counts generated tokens, the stop token included. ``stop``:
+    strings (OpenAI's ``stop``) that end the row once its text holds one, "stop" as for a stop
+    token; its tokens then end with the one that completed the string (the text is not cut:
+    the request side cuts it).
     """
 
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
     sampling: SamplingParams | None = None
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,8 @@ class GenerationResult:
     """What an engine produced for one row.
 
     ``token_ids`` are the generated ids without the prompt and without the stop token;
-    ``finish_reason`` is "stop" when a stop token ended the row, "length" when
-    ``max_new_tokens`` did.
+    ``finish_reason`` is "stop" when a stop token or one of the row's stop strings ended the
+    row, "length" when ``max_new_tokens`` did.
     """
 
     text: str

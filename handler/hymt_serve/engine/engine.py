@@ -67,6 +67,7 @@ class Engine:
             max_seq_len=settings.limits.max_input_tokens + settings.limits.max_new_tokens,
             max_waiting=max_waiting,
             before_prefill=settings.before_prefill,
+            decode=codec.decode,  # rows' stop strings end them (results' text or not)
         )
 
     @property

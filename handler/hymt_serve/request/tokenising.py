@@ -113,8 +113,11 @@ class Tokeniser:
                     allowed=f"at most {self.settings.limits.max_input_tokens} prompt tokens",
                     field=request.field,
                 )
+        # The stop strings go with the rows: the engine ends a row at its first one.
         rows = tuple(
-            GenerationRow(ids, request.max_new_tokens, request.choice_sampling(choice))
+            GenerationRow(
+                ids, request.max_new_tokens, request.choice_sampling(choice), request.stop
+            )
             for choice in range(request.n)
         )
         return Prepared(request, rows, (template,) * request.n, (markup,) * request.n)

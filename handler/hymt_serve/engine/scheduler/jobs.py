@@ -16,6 +16,7 @@ from torch import Tensor
 
 from hymt_serve.core.errors import QueueFull
 from hymt_serve.core.types import GenerationResult, GenerationRow, OnTokens
+from hymt_serve.engine.scheduler.stops import StopWatch
 
 IDLE_POLL_S = 0.5  # how long an idle stepping thread waits for an arrival per round
 
@@ -33,6 +34,7 @@ class Job:
     reused: int = 0  # of those, a kept prefix's
     joined: int = 0  # the scheduler's decode-step count when the row was prefilled
     sent: int = 0  # tokens already passed to ``on_tokens``
+    watch: StopWatch | None = None  # the row's stop strings against its text, if it has any
 
 
 class WaitingLine:

@@ -15,7 +15,9 @@ between steps, gathered first since the prefill stalls the batch. Who calls it:
 
 Which rows finished is read back after every step, one read-back in flight at a time;
 streaming rows get their new tokens at those read-backs, and a row that samples a stop token
-keeps its slot until then. Read-backs are asynchronous (the host queues up to ``LOOKAHEAD``
+keeps its slot until then. A row with stop strings has its new tokens' text searched at each
+read-back too (:mod:`~hymt_serve.engine.scheduler.stops`) and leaves the batch once it holds
+one. Read-backs are asynchronous (the host queues up to ``LOOKAHEAD``
 more steps before it waits for one) and admitting never waits for the device, so the GPU is
 not left idle while the host does its bookkeeping. A row that reaches its length (which the
 host knows) leaves the batch as soon as the read-back that holds its last token is queued.
@@ -53,6 +55,7 @@ from hymt_serve.engine.runners.protocol import MixingRunner, RecordingRunner, Ru
 from hymt_serve.engine.scheduler.admission import Admission
 from hymt_serve.engine.scheduler.jobs import Job, Readback, WaitingLine
 from hymt_serve.engine.scheduler.slots import SlotState
+from hymt_serve.engine.scheduler.stops import Decode, StopWatch
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +73,12 @@ ADMIT_WAIT_S = 0.02
 # What describe() counts; recorded_steps: decode steps of greedy batches that recorded their
 # tokens in the runner's step; prefills: passes that carried prompt tokens (mixed steps: those
 # computed, without kept prefixes, in prefill_tokens); *_s: host seconds admitting (prefill_s:
-# its runner calls), stepping and collecting read-backs.
+# its runner calls), stepping and collecting read-backs; stop_strings: rows a stop string ended.
 COUNTERS = (
     *("submitted", "rejected", "finished", "failed", "steps", "recorded_steps", "row_steps"),
     "prefills",
     *("prefill_rows", "prefill_tokens", "mixed_steps", "readbacks", "readback_waits"),
-    *("admit_s", "prefill_s", "step_s", "sync_s"),
+    *("admit_s", "prefill_s", "step_s", "sync_s", "stop_strings"),
 )
 
 
@@ -83,7 +86,9 @@ ResultOf = Callable[[list[int], FinishReason], GenerationResult]
 
 
 class Scheduler(Admission):
-    """Admission, steps and finishing over one runner's cache slots."""
+    """Admission, steps and finishing over one runner's cache slots. ``decode`` (token ids to
+    text) lets rows' stop strings end them; without it rows run to a stop token or their
+    length."""
 
     def __init__(
         self,
@@ -96,8 +101,10 @@ class Scheduler(Admission):
         before_prefill: Callable[[Sequence[GenerationRow]], None] | None = None,
         admit_rows: int = ADMIT_ROWS,
         admit_wait_s: float = ADMIT_WAIT_S,
+        decode: Decode | None = None,
     ) -> None:
         self._runner, self._result, self._before_prefill = runner, result, before_prefill
+        self._text_of = decode  # token ids to text, for stop strings
         self._admit_rows, self._admit_wait_s = admit_rows, admit_wait_s
         self._device = runner.device
         self._stop = set(stop_ids)
@@ -139,7 +146,8 @@ class Scheduler(Admission):
                 allowed=f"at most {context.tokens} ({context.source})",
                 field="max_new_tokens",
             )
-        job = Job(row, Future(), on_tokens)
+        watch = StopWatch(row.stop, self._text_of) if row.stop and self._text_of else None
+        job = Job(row, Future(), on_tokens, watch=watch)
         self._waiting.put(job)
         return job.future
 
@@ -297,10 +305,13 @@ class Scheduler(Admission):
         done, generated = readback.done.tolist(), readback.generated.tolist()
         finished: set[int] = set()
         for i, job in enumerate(readback.jobs):
-            if done[i] or job.on_tokens is not None:
-                count = min(generated[i], job.row.max_new_tokens)
-                self._deliver(job, readback.out[i, :count].tolist(), done[i])
-            if done[i]:
+            count = min(generated[i], job.row.max_new_tokens)
+            stop_at = self._watched(job, readback.out[i], count)
+            ended = bool(done[i]) or stop_at is not None
+            if ended or job.on_tokens is not None:
+                tokens = readback.out[i, : stop_at or count].tolist()
+                self._deliver(job, tokens, ended, stopped=stop_at is not None)
+            if ended:
                 finished.add(id(job))
         if finished:
             self._remove(finished)
@@ -309,6 +320,16 @@ class Scheduler(Admission):
             if self._length_due <= 0:  # a row reached its length after the snapshot
                 self._start_readback()
         self.stats["sync_s"] += time.perf_counter() - started
+
+    def _watched(self, job: Job, out: Tensor, count: int) -> int | None:
+        """The row's token count up to the end of its first stop string, when its tokens up
+        to ``count`` (of ``out``, its read-back) complete one; only the new ones are read."""
+        if job.watch is None or count <= job.watch.seen:
+            return None
+        stop_at = job.watch.push(out[job.watch.seen : count].tolist())
+        if stop_at is not None:
+            self.stats["stop_strings"] += 1
+        return stop_at
 
     def _retire(self) -> None:
         """Rows at their length in the read-back just queued leave the batch before the next
@@ -341,8 +362,11 @@ class Scheduler(Admission):
         else:
             self._runner.clear()
 
-    def _deliver(self, job: Job, tokens: list[int], finished: bool) -> None:
+    def _deliver(self, job: Job, tokens: list[int], finished: bool, *, stopped: bool) -> None:
+        """Stream the row's new visible tokens; a finished row's future gets its result
+        ("stop" when a stop token or, ``stopped``, a stop string ended it)."""
         visible, finish = cut_at_stop(tokens, self._stop)
+        finish = "stop" if stopped else finish
         if job.on_tokens is not None and len(visible) > job.sent:
             try:
                 job.on_tokens(visible[job.sent :])
