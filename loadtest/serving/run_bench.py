@@ -24,8 +24,8 @@ started in front of it and each user count is measured through TorchServe direct
 (``torchserve``, as always), the page's route ``/api/translate`` (``web``) and OpenAI's
 ``/v1/chat/completions`` (``openai``), back to back, ``--rounds`` times in a rotated order;
 the report adds each front-end path's ratio and p50 difference to TorchServe direct against
-the goals. The handler's language check is off there (``--language-check``): the chat form is
-never checked, so the paths would otherwise not do the same work:
+the goals. The handler's language check is off there (``--language-check``): a random model's
+output is judged wrong often enough to be generated again, so the work would follow its noise:
 
     ... run_bench.py --skip-naive --paths torchserve,web,openai --users 64,256 --rounds 3 \
         --duration 10 --warmup 5 --client-processes 4 --out DIR
@@ -482,9 +482,9 @@ def front_end_paths(args: Any) -> list[str]:
 
 def path_overrides(args: Any, template: Path) -> dict[str, Any]:
     """The archive's settings for the front-end paths: the language check as
-    ``--language-check`` says (off by default with a front-end path: the chat form's replies
-    are never checked, the request API's are, and a random model's output is judged wrong
-    often enough to be generated again), and a job queue large enough that hymt web's
+    ``--language-check`` says (off by default with a front-end path: a random model's output
+    is judged wrong often enough to be generated again, so each path's work would follow
+    that noise), and a job queue large enough that hymt web's
     upstream slots (``UPSTREAM_SHARE`` of it) hold every user's request."""
     overrides: dict[str, Any] = {}
     check = args.language_check
@@ -1066,8 +1066,8 @@ def main() -> None:
         choices=("profile", "retry", "report", "off"),
         default=None,
         help="the handler's target_language_check: the profile's (default), or this; with a "
-        "front-end path in --paths off by default (the chat form's replies are never checked, "
-        "so only then do all paths generate the same)",
+        "front-end path in --paths off by default (retries of a random model's output would "
+        "make each path's work follow its noise)",
     )
     args = parser.parse_args()
     check_paths(parser, args)
@@ -1192,7 +1192,7 @@ def _paths_report(rows: list[dict[str, Any]], args: Any) -> dict[str, Any]:
             "target_lang, max_new_tokens} (web adds stream false, the request API's default); "
             "openai: the text as the one user message with source_lang and target_lang, "
             "max_tokens the same length, greedy. The handler's target_language_check: "
-            f"{args.language_check or 'off'} (the chat form is never checked). "
+            f"{args.language_check or 'off'} (the chat form with target_lang is checked too). "
             "output_mismatches: replies with other output tokens than asked for."
         ),
         "frontend_comparison": frontend.comparison(rows),

@@ -76,9 +76,9 @@ def args(paths: list[str], users: list[int], check: str | None = None) -> argpar
 
 def test_the_handler_settings_of_a_front_end_run(tmp_path: Path) -> None:
     """By default a run through TorchServe alone keeps the profile as shipped; with a
-    front-end path the language check is off (the chat form's replies are never checked, the
-    request API's are) unless asked otherwise, and the job queue grows when hymt web's
-    upstream slots (three quarters of it) would not hold every user's request."""
+    front-end path the language check is off (retries of a random model's output would make
+    each path's work follow its noise) unless asked otherwise, and the job queue grows when
+    hymt web's upstream slots (three quarters of it) would not hold every user's request."""
     gpu = REPO / "configs/model-config-gpu.yaml"  # jobQueueSize 512: 384 slots
     assert path_overrides(args(["torchserve"], [64, 256]), gpu) == {}
     check_off = {"handler.target_language_check": "off"}

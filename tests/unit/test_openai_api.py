@@ -205,6 +205,20 @@ def test_a_chat_completion_response() -> None:
     }
 
 
+def test_the_language_checks_outcome_is_an_extra_field() -> None:
+    """A translating chat's reply says what the language check found: the completion carries
+    the worst at the top, a stream each choice's on its finish chunk (nothing when unchecked:
+    the exact bodies above)."""
+    choices = [{**REPLY["choices"][0], "target_language": "retried"},
+               {**REPLY["choices"][1], "target_language": "mismatch"}]  # fmt: skip
+    checked = {**REPLY, "choices": choices, "target_language": "mismatch"}
+    assert reply_api.response(chat(n=2), checked)["target_language"] == "mismatch"
+    stream = reply_api.Stream(chat(n=2, stream=True))
+    finishes = events(stream.event(checked))[:2]
+    assert [c["target_language"] for c in finishes] == ["retried", "mismatch"]
+    assert [c["choices"][0]["finish_reason"] for c in finishes] == ["stop", "length"]
+
+
 def test_a_text_completion_response() -> None:
     call = api.parse_completion({"model": "hunyuan-mt", "prompt": "x"}, MODELS)
     body = reply_api.response(call, {**REPLY, "choices": REPLY["choices"][:1]})

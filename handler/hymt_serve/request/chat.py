@@ -40,7 +40,6 @@ from hymt_serve.core.types import ChatTurn, GenerationResult, SamplingParams
 from hymt_serve.request.chat_options import (
     INT64,
     SAMPLING_FIELDS,
-    apply_stop,
     choices_of,
     cut_at_stop,
     held_length,
@@ -51,6 +50,7 @@ from hymt_serve.request.chat_options import (
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge, ServiceError
 from hymt_serve.request.families import HUNYUAN_MT_7B, Profile
 from hymt_serve.request.features import FEATURE_FIELDS
+from hymt_serve.request.language_retry import TargetLanguage, worst
 from hymt_serve.request.markup import Markup
 from hymt_serve.request.protocol import ALIASES, TranslationRequest, decode_body, parse_request
 from hymt_serve.request.replies import render_response
@@ -307,13 +307,13 @@ def render_choices(
     template: str,
     markup: Markup | None,
     request_id: str | None,
-    decode: Callable[[Sequence[int]], str],
+    target_language: Sequence[TargetLanguage] | None = None,
 ) -> dict[str, Any]:
-    """The reply of a chat form request whose choices were all generated: stop strings
-    applied; a translation's choices rendered as the request API renders a text (its
-    ``<target>`` wrapper or markup, and its ``source_lang``, ``target_lang`` and
-    ``detected`` at the top)."""
-    results = [apply_stop(result, request.stop, decode) for result in results]
+    """The reply of a chat form request whose choices were all generated (stop strings already
+    applied: :func:`~hymt_serve.request.chat_options.apply_stop`); a translation's choices
+    rendered as the request API renders a text (its ``<target>`` wrapper or markup, and its
+    ``source_lang``, ``target_lang`` and ``detected`` at the top), with the language check's
+    outcome (``target_language``, when it judged them) on each choice and the worst at the top."""
     if request.translation is None:
         return render_chat(request, results, input_tokens, template, request_id)
     rendered = [
@@ -324,6 +324,10 @@ def render_choices(
         replace(r, text=body["translation"]) for r, body in zip(results, rendered, strict=True)
     ]
     reply = render_chat(request, texts, input_tokens, template, request_id)
+    if target_language is not None:
+        for choice, outcome in zip(reply["choices"], target_language, strict=True):
+            choice["target_language"] = outcome
+        reply["target_language"] = worst(target_language)
     keys = ("detected", "source_lang", "target_lang")
     return {**reply, **{key: rendered[0][key] for key in keys if key in rendered[0]}}
 

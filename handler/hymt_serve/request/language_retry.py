@@ -2,10 +2,11 @@
 
 After a batch's rows are generated, each output is judged against its target
 (:func:`hymt_serve.request.target_check.verdict`). A row judged wrong is generated once more,
-sampled, with the same prompt and limit; every such row of the batch goes to the engine in one
-round, fed a window at a time (:class:`~hymt_serve.request.feeding.RowFeed`). The round is never
-followed by another: a retry judged wrong again, refused or failed leaves the first output in
-place. What each row ends with:
+sampled, with the same prompt, limit and stop strings (a seeded row with a seed derived from
+its own: the same seed would draw the same text); every such row of the batch goes to the
+engine in one round, fed a window at a time (:class:`~hymt_serve.request.feeding.RowFeed`).
+The round is never followed by another: a retry judged wrong again, refused or failed leaves
+the first output in place. What each row ends with:
 
 - ``ok``: not judged wrong (its language matched, or the check could not tell: short, mixed or
   copied text);
@@ -31,6 +32,9 @@ from hymt_serve.request.target_check import Verdict, verdict
 
 TargetLanguage = Literal["ok", "retried", "mismatch"]
 _WORST: tuple[TargetLanguage, ...] = ("mismatch", "retried", "ok")
+# A seeded row's retry samples with its seed plus this (odd: distinct seeds mod 2**64).
+RETRY_SEED_STEP = 0x2545F4914F6CDD1D
+_INT64 = 2**63
 
 
 class Job(NamedTuple):
@@ -41,6 +45,9 @@ class Job(NamedTuple):
     results: Sequence[GenerationResult]
     target: Language
     retry: SamplingParams | None  # how a wrong row is generated again; None: it is not
+    # What the request makes of a generated row before it is judged (a chat form request's
+    # stop strings); its first results come with it already.
+    finish: Callable[[GenerationResult], GenerationResult] | None = None
 
 
 class Checked(NamedTuple):
@@ -94,7 +101,12 @@ class RetryRound:
 
     @staticmethod
     def _retry_row(job: Job, index: int) -> GenerationRow:
-        return replace(job.rows[index], sampling=job.retry)
+        row, sampling = job.rows[index], job.retry
+        own = row.sampling.seed if row.sampling is not None else None
+        if sampling is not None and own is not None:
+            seed = (own + RETRY_SEED_STEP + _INT64) % 2**64 - _INT64
+            sampling = replace(sampling, seed=seed)
+        return replace(row, sampling=sampling)
 
     def retries(self) -> list[tuple[GenerationRow, GenerationResult]]:
         """The retry rows that were generated, with their results (the round's engine work)."""
@@ -113,6 +125,8 @@ class RetryRound:
             if future is None or not _succeeded(future):
                 continue
             retried = future.result()
+            finish = self.jobs[number].finish
+            retried = finish(retried) if finish is not None else retried
             if self._judge(self.jobs[number], index, retried.text) != "wrong":
                 results[number][index] = retried
                 outcomes[number][index] = "retried"

@@ -20,9 +20,10 @@ DONE = "data: [DONE]\n\n"
 
 def response(call: Call, reply: Mapping[str, Any]) -> dict[str, Any]:
     """The OpenAI response (``chat.completion`` or ``text_completion``) for TorchServe's reply
-    to ``call.forward``."""
+    to ``call.forward``; a translation the language check judged carries its outcome as an
+    extra field, ``target_language`` (ok, retried or mismatch: the worst of its choices)."""
     choices = [_choice(call.kind, choice) for choice in reply["choices"]]
-    return {
+    body = {
         "id": call.id,
         "object": "chat.completion" if call.kind == "chat" else "text_completion",
         "created": call.created,
@@ -31,6 +32,12 @@ def response(call: Call, reply: Mapping[str, Any]) -> dict[str, Any]:
         "usage": usage_of(reply),
         "system_fingerprint": None,
     }
+    return {**body, **_checked(reply)}
+
+
+def _checked(found: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"target_language": ...}`` when the reply (or a choice of it) has one, else empty."""
+    return {"target_language": found["target_language"]} if "target_language" in found else {}
 
 
 def _choice(kind: Kind, choice: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,9 +164,12 @@ class Stream:
         return self.failed(OpenAIError(500, message, kind="server_error"))
 
     def _closing(self, reply: Mapping[str, Any]) -> list[str]:
+        """Each choice's finish chunk (with its ``target_language`` when the language check
+        judged it), the usage chunk when asked for, ``[DONE]``."""
         self.finished = True
         events = [
-            self._chunk(choice["index"], {}, choice["finish_reason"]) for choice in reply["choices"]
+            self._chunk(choice["index"], {}, choice["finish_reason"], _checked(choice))
+            for choice in reply["choices"]
         ]
         if self.call.include_usage:
             events.append(sse({**self._head(), "choices": [], "usage": usage_of(reply)}))
@@ -170,13 +180,19 @@ class Stream:
         head = {"id": self.call.id, "object": kind, "created": self.call.created}
         return {**head, "model": self.call.model, "system_fingerprint": None}
 
-    def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None) -> str:
+    def _chunk(
+        self,
+        index: int,
+        delta: dict[str, Any],
+        finish: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> str:
         if self.call.kind == "chat":
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             text = delta.get("content", "")
             choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
-        chunk = {**self._head(), "choices": [choice]}
+        chunk = {**self._head(), "choices": [choice], **(extra or {})}
         if self.call.include_usage:
             chunk["usage"] = None
         return sse(chunk)

@@ -20,10 +20,12 @@ from typing import Any, Protocol
 from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import ChatTurn, GenerationResult, GenerationRow, OnTokens
 from hymt_serve.request.chat import ChatRequest, ChoiceStream, parse_body, render_choices
+from hymt_serve.request.chat_options import apply_stop
+from hymt_serve.request.checking import Check, Chosen, Generated, Translated, judge, place
+from hymt_serve.request.checking import Outcome as Outcome  # the handler's too
 from hymt_serve.request.errors import ServiceError, as_service_error
 from hymt_serve.request.families import detect_profile
 from hymt_serve.request.feeding import RowFeed
-from hymt_serve.request.language_retry import Job, RetryRound, TargetLanguage
 from hymt_serve.request.metrics import NullRecorder, Recorder
 from hymt_serve.request.protocol import TranslationRequest
 from hymt_serve.request.replies import render_response
@@ -75,32 +77,10 @@ Hop = Callable[[Callable[[], None]], None]
 
 
 @dataclass(frozen=True)
-class Translated:
-    """A request's results in row order, and what the language check found for each row
-    (None: the check is off)."""
-
-    results: list[GenerationResult]
-    target_language: tuple[TargetLanguage, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Chosen:
-    """A chat form request's choices, in order (the language check leaves them alone)."""
-
-    results: list[GenerationResult]
-
-
-Generated = Translated | Chosen | ServiceError
-
-
-@dataclass(frozen=True)
 class Reply:
     status: int
     body: dict[str, Any]
     stream: bool = False
-
-
-Outcome = Prepared | ServiceError
 
 
 class _InFlight(RowFeed):
@@ -162,10 +142,10 @@ class TranslationService:
         if check is None:
             return generated
         started = time.perf_counter()
-        check.start()
+        check.round.start()
         try:
-            if check.retrying:
-                self.engine.run([check.done])
+            if check.round.retrying:
+                self.engine.run([check.round.done])
         except Exception as error:  # the retry round failed as a whole: first outputs stand
             logger.warning("the language retry round failed: %s", type(error).__name__)
         return self._checked(check, generated, started)
@@ -195,9 +175,9 @@ class TranslationService:
         if check is None:
             return generated
         started = time.perf_counter()
-        check.start()
-        if check.retrying:
-            await asyncio.wrap_future(check.done, loop=loop)
+        check.round.start()
+        if check.round.retrying:
+            await asyncio.wrap_future(check.round.done, loop=loop)
         return self._checked(check, generated, started)
 
     def _submit_all(
@@ -269,56 +249,35 @@ class TranslationService:
                 stream.finish(result.text)
             rows.extend(flight.prepared.rows)
             done.extend(results)
-            chat = isinstance(flight.prepared.request, ChatRequest)
-            generated.append(Chosen(results) if chat else Translated(results))
+            request = flight.prepared.request
+            if isinstance(request, ChatRequest):  # the text the client gets: before its stop
+                stopped = [apply_stop(r, request.stop, self.engine.decode) for r in results]
+                generated.append(Chosen(stopped))
+            else:
+                generated.append(Translated(results))
         if done:
             self._record(rows, done, time.perf_counter() - started)
         return generated
 
-    def _judge(
-        self, outcomes: Sequence[Outcome], generated: Sequence[Generated]
-    ) -> RetryRound | None:
-        """Each generated row's language against its target, and the rows to generate once
-        more (:mod:`.language_retry`); None when the check is off. A streamed text is judged,
-        never retried: its deltas are already sent."""
-        checks = self.settings.checks
-        if checks.target_language_check == "off":
-            return None
-        jobs = []
-        for outcome, result in zip(outcomes, generated, strict=True):
-            if not isinstance(result, Translated):
-                continue
-            assert isinstance(outcome, Prepared)
-            request = outcome.request
-            assert isinstance(request, TranslationRequest)  # the chat form's results are Chosen
-            streamed = request.stream and outcome.document is None
-            retry = checks.target_language_check == "retry" and not streamed
-            sources = outcome.document.segments if outcome.document else request.texts
-            sampling = (request.sampling or self.settings.sampling) if retry else None
-            jobs.append(Job(outcome.rows, sources, result.results, request.target, sampling))
-        return RetryRound(
-            jobs,
-            checks.target_language_confidence,
-            lambda row: self.engine.submit(row),
-            self.settings.scheduler.document_window_rows,
-        )
+    def _judge(self, outcomes: Sequence[Outcome], generated: Sequence[Generated]) -> Check | None:
+        """Each translated row's language against its target, and the rows to generate once
+        more (:mod:`.checking`); None when the check is off."""
+        submit = lambda row: self.engine.submit(row)  # noqa: E731
+        return judge(outcomes, generated, self.settings, submit, self.engine.decode)
 
     def _checked(
-        self, check: RetryRound, generated: Sequence[Generated], started: float
+        self, check: Check, generated: Sequence[Generated], started: float
     ) -> list[Generated]:
         """``generated`` with the retry round's outputs in place and each row's outcome; the
         round's engine work and the outcomes go to the metrics."""
-        retries = check.retries()
+        retries = check.round.retries()
         if retries:
             rows, results = zip(*retries, strict=True)
             self._record(rows, results, time.perf_counter() - started)
-        checked, tally = check.outcome()
+        checked, tally = check.round.outcome()
         for (target, result), count in sorted(tally.items()):
             self.recorder.target_language(target, result, count)
-        found = iter(checked)
-        return [
-            Translated(*next(found)) if isinstance(item, Translated) else item for item in generated
-        ]
+        return place(generated, check.numbers, checked)
 
     def _record(
         self, rows: Sequence[GenerationRow], results: Sequence[GenerationResult], seconds: float
@@ -355,15 +314,15 @@ class TranslationService:
                 continue
             assert isinstance(outcome, Prepared)
             if isinstance(outcome.request, ChatRequest):
-                first = outcome.rows[0]
+                assert isinstance(result, Chosen)
                 body = render_choices(
                     outcome.request,
                     result.results,
-                    len(first.prompt_ids),
+                    len(outcome.rows[0].prompt_ids),
                     outcome.templates[0],
                     outcome.markups[0],
                     request_id,
-                    self.engine.decode,
+                    result.target_language,
                 )
                 replies.append(Reply(200, body, outcome.request.stream))
                 continue
