@@ -79,7 +79,8 @@ def page(browser: Any, page_url: str) -> Iterator[Any]:
 
 
 def test_translate_streams_into_the_page(page: Any) -> None:
-    assert page.locator("#source option").count() == 38
+    assert page.locator("#source option").count() == 39  # "Detect language", then the 38
+    assert page.locator("#target option").count() == 38
     page.select_option("#source", "en")
     page.select_option("#target", "fr")
     page.fill("#input", "The weather is nice today. Let us go for a walk in the park.")
@@ -193,6 +194,55 @@ def test_ctrl_enter_translates_and_swap_exchanges_the_languages(page: Any) -> No
     page.click("#swap")
     assert (page.input_value("#source"), page.input_value("#target")) == ("ja", "zh")
     assert page.input_value("#input") == output
+
+
+FRENCH = "Le train part à sept heures et demie, et nous arriverons à Lyon vers midi."
+
+
+def test_detect_language_is_the_default_and_the_stream_says_what_it_found(page: Any) -> None:
+    """The source picker starts on "Detect language"; a streamed translation sends source_lang
+    auto, and its last line's detection is shown; swap waits for it, then takes it."""
+    assert page.input_value("#source") == "auto"
+    assert page.evaluate("document.querySelector('#source option').textContent").startswith(
+        "Detect language"
+    )
+    assert page.is_disabled("#swap") and page.is_hidden("#detected")
+    page.select_option("#target", "de")
+    page.fill("#input", FRENCH)
+    with page.expect_request("**/api/translate") as sent:
+        page.click("#translate")
+    assert json.loads(sent.value.post_data)["source_lang"] == "auto"
+    page.wait_for_selector("#detected:not([hidden])")
+    assert page.evaluate("window.hymt.streamEvents") >= 2  # it was a stream
+    assert page.inner_text("#detected") == "Detected: French · 法语 (fr)"
+    assert page.is_enabled("#swap") and page.is_hidden("#error")
+    output = page.inner_text("#output")
+    page.click("#swap")
+    assert (page.input_value("#source"), page.input_value("#target")) == ("de", "fr")
+    assert page.input_value("#input") == output and page.is_hidden("#detected")
+    page.select_option("#source", "auto")
+    assert page.is_disabled("#swap")  # a new choice of "Detect language": nothing detected yet
+
+
+def test_a_whole_answer_that_could_not_detect_says_so(page: Any) -> None:
+    """A whole (not streamed) answer with ``detected: null``: the page says the language was not
+    detected, and swap stays off; with a detection, the whole answer's is shown too."""
+    replies = iter([None, {"language": "ja", "confidence": 0.99}])
+
+    def answer(route: Any) -> None:
+        whole = {"translation": "ok", "translations": [{"text": "ok"}], "usage": {}}
+        route.fulfill(json={**whole, "detected": next(replies)})
+
+    page.route("**/api/translate", answer)
+    page.fill("#input", "OK")
+    page.click("#translate")
+    page.wait_for_selector("#detected:not([hidden])")
+    assert "Could not detect" in page.inner_text("#detected") and page.is_disabled("#swap")
+    page.click("#translate")
+    page.wait_for_function("document.getElementById('detected').textContent.includes('ja')")
+    assert page.is_enabled("#swap")
+    page.click("#swap")
+    assert (page.input_value("#source"), page.input_value("#target")) == ("en", "ja")
 
 
 def test_errors_are_readable(page: Any) -> None:

@@ -5,12 +5,11 @@ const $ = (id) => document.getElementById(id);
 const state = {
   maxChars: 0, busy: false, streamEvents: 0, demoModel: false, features: [], refine: false,
   maxDocumentBytes: 0, progress: [],
+  names: {}, // each language's label in the pickers, by code
+  detected: null, // the code the server detected for the last translation ("Detect language")
 };
-// File extensions and the document formats of the API.
-const FORMATS = { txt: "text", text: "text", md: "markdown", markdown: "markdown", html: "html",
-  htm: "html", srt: "srt" };
-const MIME = { text: "text/plain", markdown: "text/markdown", html: "text/html",
-  srt: "application/x-subrip" };
+// The source picker's first choice: the server detects each text's language (source_lang auto).
+const AUTO = "auto";
 // The option controls, by the request field each sets (shown when the model supports it).
 const OPTIONS = ["glossary", "context", "preserve_format", "style", "preferences", "delimiters",
   "data_format"];
@@ -57,14 +56,39 @@ function updateCount() {
 }
 
 function fillLanguages(languages) {
+  $("source").add(new Option("Detect language · 检测语言", AUTO));
   for (const select of [$("source"), $("target")]) {
     for (const lang of languages) {
-      const option = new Option(`${lang.english} · ${lang.chinese} (${lang.code})`, lang.code);
-      select.add(option);
+      state.names[lang.code] = `${lang.english} · ${lang.chinese} (${lang.code})`;
+      select.add(new Option(state.names[lang.code], lang.code));
     }
   }
-  $("source").value = "zh";
+  $("source").value = AUTO;
   $("target").value = "en";
+  updateSwap();
+}
+
+// What the server detected for a translation with source "auto": the reply's `detected`
+// ({language, confidence}; null when it could not tell); `undefined` hides the line.
+function showDetected(found) {
+  state.detected = found && found.language ? found.language : null;
+  const line = $("detected");
+  line.hidden = found === undefined;
+  if (found === null) {
+    line.textContent = "Could not detect the source language: translated without naming it.";
+  } else if (found) {
+    line.textContent = `Detected: ${state.names[found.language] || found.language}`;
+  }
+  updateSwap();
+}
+
+// Swapping needs a source language to become the target: with "Detect language" that is the
+// detected one, so the button waits for a detection.
+function updateSwap() {
+  const waiting = $("source").value === AUTO && !state.detected;
+  $("swap").disabled = waiting;
+  $("swap").title = waiting ? "Swap languages (once the source language is detected)"
+    : "Swap languages";
 }
 
 function readableError(status, body) {
@@ -138,6 +162,7 @@ async function translate() {
   $("output").textContent = "";
   $("stats").textContent = "";
   showCandidates(null);
+  showDetected(undefined);
   state.busy = true;
   state.streamEvents = 0;
   $("translate").disabled = true;
@@ -168,6 +193,8 @@ async function translate() {
     if (refine && item) notes.push(item.refined ? "refined by Chimera" : "candidates agreed");
     $("stats").textContent = notes.join(" · ");
     if (refine) showCandidates(item);
+    // A stream's last line is the whole reply: `detected` is there as in a whole answer.
+    if (body.source_lang === AUTO && final && "detected" in final) showDetected(final.detected);
     if (final && final.error) showError(readableError(200, final));
   } catch (error) {
     showError(MESSAGES.server_unavailable);
@@ -204,116 +231,12 @@ async function readStream(response) {
   }
 }
 
-function showProgress(done, total) {
-  state.progress.push(done);
-  $("doc-progress").max = total;
-  $("doc-progress").value = done;
-  $("doc-status").textContent = `${done} / ${total} segments translated`;
-}
-
-// "notes.md" translated into German downloads as "notes.de.md".
-function translatedName(name, language) {
-  const dot = name.lastIndexOf(".");
-  return dot > 0 ? `${name.slice(0, dot)}.${language}${name.slice(dot)}` : `${name}.${language}`;
-}
-
-async function translateFile(file) {
-  if (state.busy || !file) return;
-  const extension = file.name.includes(".") ? file.name.split(".").pop().toLowerCase() : "";
-  const format = FORMATS[extension];
-  if (!format) return showError(`Choose a .txt, .md, .html or .srt file (not "${file.name}").`);
-  if (file.size > state.maxDocumentBytes) {
-    const limit = (state.maxDocumentBytes / 1048576).toFixed(1);
-    return showError(`The file is larger than the server accepts (${limit} MB).`);
-  }
-  let text;
-  try { // the file's own bytes: a byte-order mark is kept, anything but UTF-8 refused
-    text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true })
-      .decode(await file.arrayBuffer());
-  } catch (error) {
-    return showError("The file is not UTF-8 text.");
-  }
-  const body = requestBody(text);
-  if (body === null) return showError("Write each glossary line as: term = translation");
-  delete body.text;
-  delete body.preserve_format; // a document keeps its format itself
-  Object.assign(body, { document: text, format, stream: true });
-  showError("");
-  state.busy = true;
-  state.progress = [];
-  $("translate").disabled = $("pick").disabled = true;
-  $("download").hidden = true;
-  $("doc-progress").hidden = false;
-  $("doc-progress").removeAttribute("value"); // busy until the first segments are done
-  $("doc-status").textContent = `Splitting ${file.name}…`;
-  const started = performance.now();
-  try {
-    const response = await fetch("/api/translate", {
-      method: "POST",
-      headers: authorized({ "Content-Type": "application/json" }),
-      body: JSON.stringify(body),
-    });
-    if (!response.ok) {
-      const reply = await response.json().catch(() => ({}));
-      return fileFailed(readableError(response.status, reply));
-    }
-    const final = await readStream(response);
-    if (!final || typeof final.document !== "string") {
-      return fileFailed(readableError(200, final || {}));
-    }
-    const name = translatedName(file.name, $("target").value);
-    const link = $("download");
-    if (link.href) URL.revokeObjectURL(link.href);
-    link.href = URL.createObjectURL(new Blob([final.document], { type: MIME[format] }));
-    link.download = name;
-    link.textContent = `Download ${name}`;
-    link.hidden = false;
-    const seconds = ((performance.now() - started) / 1000).toFixed(1);
-    const notes = [`${final.segments} segments in ${seconds} s`];
-    const cut = (final.finish_reasons || {}).length;
-    if (cut) notes.push(`${cut} cut at the length limit`);
-    if (final.format_tags_lost) notes.push(`${final.format_tags_lost} formatting lost`);
-    $("doc-status").textContent = notes.join(" · ");
-    $("doc-progress").max = 1;
-    $("doc-progress").value = 1;
-  } catch (error) {
-    fileFailed(MESSAGES.server_unavailable);
-  } finally {
-    state.busy = false;
-    $("translate").disabled = $("pick").disabled = false;
-  }
-}
-
-// A file that could not be translated: no progress bar left running, the reason shown.
-function fileFailed(message) {
-  $("doc-progress").hidden = true;
-  $("doc-status").textContent = "";
-  showError(message);
-}
-
-function setUpFiles() {
-  const zone = $("document");
-  $("pick").addEventListener("click", () => $("file").click());
-  $("file").addEventListener("change", () => {
-    translateFile($("file").files[0]);
-    $("file").value = ""; // the same file can be chosen again
-  });
-  zone.addEventListener("dragover", (event) => {
-    event.preventDefault();
-    zone.classList.add("over");
-  });
-  zone.addEventListener("dragleave", () => zone.classList.remove("over"));
-  zone.addEventListener("drop", (event) => {
-    event.preventDefault();
-    zone.classList.remove("over");
-    translateFile(event.dataTransfer.files[0]);
-  });
-}
-
 function swap() {
-  const source = $("source").value;
+  const source = $("source").value === AUTO ? state.detected : $("source").value;
+  if (!source) return; // nothing detected yet: the button is disabled
   $("source").value = $("target").value;
   $("target").value = source;
+  showDetected(undefined);
   const output = $("output").textContent;
   if (output) {
     $("input").value = output;
@@ -363,6 +286,7 @@ async function init() {
   });
   $("translate").addEventListener("click", translate);
   $("swap").addEventListener("click", swap);
+  $("source").addEventListener("change", () => showDetected(undefined));
   $("copy").addEventListener("click", copyOutput);
   setUpFiles();
   state.ready = true;
