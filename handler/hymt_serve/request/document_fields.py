@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hymt_serve.core.settings import Settings
-from hymt_serve.request.documents import FORMATS
+from hymt_serve.request.documents import DOCUMENT_FORMATS
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 from hymt_serve.request.families import Profile
 from hymt_serve.request.features import FEATURE_FIELDS
@@ -63,10 +63,10 @@ def parse_document(
             field="document",
         )
     kind = fields.get("format", "text")
-    if kind not in FORMATS:
+    if kind not in DOCUMENT_FORMATS:
         raise InvalidRequest(
-            f"format must be one of {list(FORMATS)}, got {brief(kind)}",
-            allowed=list(FORMATS),
+            f"format must be one of {list(DOCUMENT_FORMATS)}, got {brief(kind)}",
+            allowed=list(DOCUMENT_FORMATS),
             field="format",
         )
     for name in NOT_FOR_DOCUMENTS:

@@ -29,11 +29,22 @@ from dataclasses import dataclass
 from sentencex import get_sentence_boundaries
 
 from hymt_serve.request.document_formats import PARSERS, TAG_AT
+from hymt_serve.request.localisation import LocalisationFile
+from hymt_serve.request.localisation_po import parse_po
+from hymt_serve.request.localisation_xliff import parse_xliff
 from hymt_serve.request.markup import EMAIL
 
-FORMATS = ("text", "markdown", "html", "srt")
-# The inline markup a format's segments carry (the kinds of markup.to_tags).
+FORMATS = ("text", "markdown", "html", "srt")  # text split into pieces, joined back
+# The inline markup a format's segments carry (the kinds of markup.to_tags); a localisation
+# file's inline codes travel as HTML-like tags (:class:`.localisation.Codes`).
 MARKUP_KIND = {"text": "text", "markdown": "markdown", "html": "html", "srt": "html"}
+MARKUP_KIND |= {"xliff": "html", "po": "html"}
+# Localisation files: units to translate and a rebuilt file, not pieces of text.
+LOCALISATION: dict[str, Callable[[str], LocalisationFile]] = {
+    "xliff": parse_xliff,
+    "po": parse_po,
+}
+DOCUMENT_FORMATS = (*FORMATS, *LOCALISATION)  # what a request's "format" may name
 
 Measure = Callable[[str], int]  # tokens of a text
 
@@ -57,6 +68,10 @@ class Document:
     @property
     def segments(self) -> tuple[str, ...]:
         return self.pieces[1::2]
+
+    def context_of(self, index: int) -> str | None:
+        """The context the file gives segment ``index`` (a PO msgctxt), if any."""
+        return None
 
     def line_of(self, index: int) -> int:
         """The 1-based line on which segment ``index`` starts (for error messages)."""
@@ -100,12 +115,58 @@ def _fit(translation: str, segment: str, kind: str, newline: str) -> str:
     return _NEWLINE.sub(ending, translation)
 
 
+@dataclass(frozen=True)
+class FileDocument(Document):
+    """A localisation file split: each unit's pieces (literal, segment, ..., literal, as a
+    document's), its line and context, and how the file is written back in ``target``.
+    ``pieces`` holds every segment between empty literals, for :attr:`segments`."""
+
+    unit_pieces: tuple[tuple[str, ...], ...]
+    unit_lines: tuple[int, ...]
+    unit_contexts: tuple[str | None, ...]
+    segment_units: tuple[int, ...]  # each segment's unit
+    file: LocalisationFile
+    target: str
+    bom: str
+
+    def context_of(self, index: int) -> str | None:
+        return self.unit_contexts[self.segment_units[index]]
+
+    def line_of(self, index: int) -> int:
+        return self.unit_lines[self.segment_units[index]]
+
+    def assemble(self, translations: Sequence[str]) -> str:
+        """The file with each unit's translation (its segments' translations between its
+        literals) in place."""
+        if len(translations) != len(self.segments):
+            raise ValueError(f"{len(translations)} translations for {len(self.segments)} segments")
+        given = iter(translations)
+        texts = []
+        for pieces in self.unit_pieces:
+            parts = [pieces[0]]
+            for literal in pieces[2::2]:
+                parts += (next(given), literal)
+            texts.append("".join(parts))
+        return self.bom + self.file.rebuild(texts, self.target)
+
+
 def split_document(
-    text: str, kind: str, *, budget: int, measure: Measure, language: str | None = None
+    text: str,
+    kind: str,
+    *,
+    budget: int,
+    measure: Measure,
+    language: str | None = None,
+    target: str | None = None,
 ) -> Document:
     """Split ``text`` (a ``kind`` document: :mod:`.document_formats` reads its structure) into
-    segments of at most ``budget`` tokens where it has places to cut. Raises InvalidRequest
-    for a malformed SRT file."""
+    segments of at most ``budget`` tokens where it has places to cut. A localisation file
+    (XLIFF, PO) is written back in ``target``, its units split as prose blocks. Raises
+    InvalidRequest for a malformed SRT, XLIFF or PO file."""
+    if kind in LOCALISATION:
+        if target is None:
+            raise ValueError(f"a {kind} document needs its target language")
+        return _split_file(text, kind, budget, measure, language or "en", target)
     pieces = _Pieces(kind, budget, measure, language or "en")
     body = text.removeprefix(_BOM)  # a byte order mark is no part of the first block
     pieces.literal(text[: len(text) - len(body)])
@@ -113,6 +174,31 @@ def split_document(
     document = Document(kind, pieces.done())
     assert "".join(document.pieces) == text, "a document must reassemble byte for byte"
     return document
+
+
+def _split_file(
+    text: str, kind: str, budget: int, measure: Measure, language: str, target: str
+) -> FileDocument:
+    body = text.removeprefix(_BOM)
+    parsed = LOCALISATION[kind](body)
+    unit_pieces, segment_units = [], []
+    for number, unit in enumerate(parsed.units):
+        pieces = _Pieces(kind, budget, measure, language)
+        pieces.prose(unit.text)
+        unit_pieces.append(pieces.done())
+        segment_units += [number] * (len(unit_pieces[-1]) // 2)
+    segments = [segment for pieces in unit_pieces for segment in pieces[1::2]]
+    return FileDocument(
+        kind,
+        ("", *(piece for segment in segments for piece in (segment, ""))),
+        tuple(unit_pieces),
+        tuple(unit.line for unit in parsed.units),
+        tuple(unit.context for unit in parsed.units),
+        tuple(segment_units),
+        parsed,
+        target,
+        text[: len(text) - len(body)],
+    )
 
 
 class _Pieces:
@@ -179,7 +265,7 @@ def _protected(text: str, kind: str) -> list[tuple[int, int]]:
     """Sorted spans that are never cut and never count as prose: URLs, e-mail addresses, tags,
     and in Markdown inline code."""
     spans = [m.span() for m in _URL.finditer(text)]
-    if kind in ("markdown", "html", "srt"):
+    if kind != "text":
         spans += _tags(text)
     if kind == "markdown":
         spans += _code_spans(text)

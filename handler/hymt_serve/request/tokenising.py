@@ -168,6 +168,7 @@ class Tokeniser:
             budget=settings.limits.document_segment_tokens,
             measure=measure,
             language=request.source.code if request.source else None,
+            target=request.target.code,
         )
         segments = document.segments
         if len(segments) > settings.limits.max_document_segments:
@@ -182,12 +183,15 @@ class Tokeniser:
         rows, templates, markups = [], [], []
         for index, segment in enumerate(segments):
             text, markup = to_tags(segment, MARKUP_KIND[spec.format], tags_in_text=True)
+            context = document.context_of(index)
             chosen = options
             if spec.previous_context and index > 0:
                 before = segments[index - 1][-settings.limits.max_context_chars :]
                 chosen = PromptOptions(context=before)
             elif formatted and markup.opens:
                 chosen = PromptOptions(preserve_format="tags")
+            elif plain and context and "context" in self.profile.features:  # a PO msgctxt
+                chosen = PromptOptions(context=context[-settings.limits.max_context_chars :])
             limit = 8 + math.ceil(settings.limits.document_length_factor * measure(segment))
             row, template = self._row(
                 request,
