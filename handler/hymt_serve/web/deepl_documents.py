@@ -3,8 +3,10 @@ translation; each file becomes one document request of our API (:mod:`hymt_serve
 documents`), run as a task on the event loop, ``WORKERS`` at a time.
 
 - ``POST /v2/document`` (multipart: ``file``, ``target_lang``, ``source_lang``, ``filename``)
-  -> ``{"document_id", "document_key"}``; files ``.txt``, ``.md``, ``.html``/``.htm`` and
-  ``.srt`` in UTF-8;
+  -> ``{"document_id", "document_key"}``; files ``.txt``, ``.md``, ``.html``/``.htm``,
+  ``.srt``, ``.xlf``/``.xliff`` (XLIFF 1.2 and 2.x; DeepL reads 2.1 only) and ``.po`` (gettext;
+  not one of DeepL's) in UTF-8; a file malformed for its format fails in its status, as DeepL's
+  do;
 - ``POST /v2/document/<id>`` (``document_key``) -> ``{"document_id", "status": "queued" |
   "translating" | "done" | "error", "billed_characters", "error_message"}``;
 - ``POST /v2/document/<id>/result`` (``document_key``) -> the translated file, its name in
@@ -43,9 +45,11 @@ from hymt_serve.web.keys import ClientKey, ClientKeys
 from hymt_serve.web.torchserve import json_response
 
 FORMATS = {".txt": "text", ".md": "markdown", ".markdown": "markdown", ".html": "html"}
-FORMATS |= {".htm": "html", ".srt": "srt"}
+FORMATS |= {".htm": "html", ".srt": "srt", ".xlf": "xliff", ".xliff": "xliff", ".po": "po"}
 MEDIA_TYPES = {"text": "text/plain", "markdown": "text/markdown", "html": "text/html"}
-MEDIA_TYPES |= {"srt": "application/x-subrip"}
+# XLIFF's registered type (XLIFF 2.0, appendix on media type), PO's in shared-mime-info.
+MEDIA_TYPES |= {"srt": "application/x-subrip", "xliff": "application/xliff+xml"}
+MEDIA_TYPES |= {"po": "text/x-gettext-translation"}
 MAX_FILE_BYTES = 4 * 1_048_576  # the handler refuses more than its max_document_bytes anyway
 MAX_JOBS = 256  # each holds up to MAX_FILE_BYTES twice (the file and its translation)
 PER_KEY_ACTIVE = 8
