@@ -230,3 +230,30 @@ def test_a_malformed_po_file_is_a_400_naming_the_line(document: str, message: st
         parse_po(document)
     assert caught.value.status == 400 and caught.value.field == "document"
     assert message in caught.value.message, caught.value.message
+
+
+def test_a_file_in_gettexts_layout_changes_only_where_it_is_translated() -> None:
+    """What msgmerge and msginit write (wrapped at 79 columns, one header field a line) comes
+    back the same but for the new msgstr and the header fields the target sets."""
+    source = (
+        '# Demo.\n#\nmsgid ""\nmsgstr ""\n"Project-Id-Version: demo\\n"\n"Language: de\\n"\n'
+        '"Content-Type: text/plain; charset=UTF-8\\n"\n'
+        '"Plural-Forms: nplurals=2; plural=(n != 1);\\n"\n\n'
+        '#: a.py:3\nmsgid ""\n'
+        '"Hello, world! This is a rather long message that will certainly need to be "\n'
+        '"wrapped by the tools because it is long."\nmsgstr ""\n\n'
+        '#: a.py:4\n#, python-format\nmsgid "%(count)d files"\nmsgstr "%(count)d Dateien"\n\n'
+        '#~ msgid "Old"\n#~ msgstr "Alt"\n'
+    )
+    out = translate_file(source, "po", lambda text: text, target="fr")
+    expected = (
+        source.replace('"Language: de', '"Language: fr')
+        .replace("(n != 1)", "(n > 1)")
+        .replace(
+            'long."\nmsgstr ""\n',
+            'long."\nmsgstr ""\n'
+            '"Hello, world! This is a rather long message that will certainly need to be "\n'
+            '"wrapped by the tools because it is long."\n',
+        )
+    )
+    assert out == expected
