@@ -25,6 +25,7 @@ marker with its text, any other element).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -203,20 +204,26 @@ def _marker_pairs(children: list[Node | str]) -> dict[int, int]:
     """Start and end markers side by side that pair up, well nested: index to partner's."""
     partners: dict[int, int] = {}
     stack: list[tuple[str, str, int]] = []  # (end marker name, key, index)
+    waiting: Counter[tuple[str, str]] = Counter()  # the (end name, key) pairs on the stack
     for index, child in enumerate(children):
         if not isinstance(child, Node):
             continue
         if child.name in _MARKERS:
             key = child.attrs.get("rid") or child.attrs.get("id", "")
             stack.append((_MARKERS[child.name], key, index))
-        elif child.name in _ENDS:
-            key = child.attrs.get("startRef") or child.attrs.get("rid") or child.attrs.get("id", "")
-            names = [(name, k) for name, k, _ in stack]
-            if (child.name, key) in names:
-                while (stack[-1][0], stack[-1][1]) != (child.name, key):
-                    stack.pop()  # markers left open inside it stay standalone
-                _, _, opened = stack.pop()
-                partners[opened], partners[index] = index, opened
+            waiting[(_MARKERS[child.name], key)] += 1
+            continue
+        if child.name not in _ENDS:
+            continue
+        attrs = child.attrs
+        key = attrs.get("startRef") or attrs.get("rid") or attrs.get("id", "")
+        if waiting[(child.name, key)]:
+            while True:  # markers left open inside it stay standalone
+                name, opened_key, opened = stack.pop()
+                waiting[(name, opened_key)] -= 1
+                if (name, opened_key) == (child.name, key):
+                    break
+            partners[opened], partners[index] = index, opened
     return partners
 
 
@@ -280,7 +287,7 @@ def _target_edits(data: bytes, place: _Target, content: str, language: str) -> l
 def _indent(data: bytes, place: _Target) -> str:
     """The white space before the element a new target follows, to put before the target."""
     begin = place.after.start[0]
-    line_start = data.rfind(b"\n", 0, begin) + 1
+    line_start = data.rfind(b"\n", max(0, begin - 256), begin) + 1  # indents are short
     before = data[line_start:begin]
     if before.strip() or not line_start:  # not on a line of its own: no new line either
         return ""
