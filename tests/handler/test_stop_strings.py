@@ -4,6 +4,7 @@ the fast engine and on transformers' forward, not only cut from the text afterwa
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -127,3 +128,34 @@ def test_the_chat_forms_stop_ends_generation_in_the_engine(tiny_model_dir: Path)
     assert whole["choices"][0]["text"].startswith(choice["text"])
     assert stopped["usage"]["output_tokens"] == count < whole["usage"]["output_tokens"]
     assert stopped_steps < whole_steps
+
+
+def test_the_engine_process_ends_a_row_at_its_stop_string_too(tiny_model_dir: Path) -> None:
+    """Async mode: the row crosses to the engine's own process with its stop strings, which
+    ends it there (the child returns ids only; the worker decodes and cuts the text)."""
+    from test_async_handler import one_call  # a test module's helper: async calls
+
+    settings = {"model_path": str(tiny_model_dir), "max_new_tokens": MAX_NEW, "engine": "hf"}
+    handler = HunyuanMTHandler()
+    frontend = {"asyncCommunication": True}
+    context = make_context(settings, tiny_model_dir, batch_size=1, frontend=frontend)
+    handler.initialize(context)
+    engine = load_engine(Settings.from_mapping(settings, environ={}))  # this process's, alike
+    _, whole = without_stop(engine)
+    stop, count = stop_in_the_middle(engine, whole)
+    body = {
+        "messages": [{"role": m.role, "content": m.content} for m in PROMPT],
+        **{"temperature": SEEDED.temperature, "top_p": 1.0, "top_k": 0, "seed": SEEDED.seed},
+        "repetition_penalty": SEEDED.repetition_penalty,
+        "stop": stop,
+    }
+    try:
+        status, _, text = asyncio.run(one_call(handler, context, body, "stop-1"))
+        described = handler.describe()["engine"]["scheduler"]
+    finally:
+        handler._service().engine.close(timeout=5)  # type: ignore[attr-defined]
+    assert status == 200, text
+    choice = json.loads(text)["choices"][0]
+    assert (choice["finish_reason"], choice["output_tokens"]) == ("stop", count)
+    assert described["stop_strings"] == 1
+    assert described["row_steps"] < MAX_NEW
