@@ -206,7 +206,7 @@ BAD = [
     ({"document": "x", "text": "y", "target_lang": "de"}, 400, "document"),
     ({"document": "", "target_lang": "de"}, 400, "document"),
     ({"document": ["a"], "target_lang": "de"}, 400, "document"),
-    ({"document": "Hi.", "format": "docx", "target_lang": "de"}, 400, "format"),
+    ({"document": "Hi.", "format": "pdf", "target_lang": "de"}, 400, "format"),
     ({"text": "Hi.", "format": "html", "target_lang": "de"}, 400, "format"),
     ({"document": "Hi.", "previous_context": "yes", "target_lang": "de"}, 400, "previous_context"),
     ({"document": "Hi.", "previous_context": True, "target_lang": "de"}, 400, "previous_context"),

@@ -226,6 +226,10 @@ class RequestLimits:
         500, 1, 100_000, "Characters of a style or of one preference."
     )
     max_document_bytes: int = bounded(1_048_576, 1, 16_777_216, "A document's UTF-8 bytes.")
+    # 4 MiB: in base64 (5.6 MB) it fits TorchServe's max_request_size of 6.5 MB.
+    max_office_bytes: int = bounded(
+        4_194_304, 1, 67_108_864, "An Office file's bytes (DOCX, PPTX, XLSX), before base64."
+    )
     max_document_segments: int = bounded(20_000, 1, 1_000_000, "Segments (rows) per document.")
     document_segment_tokens: int = bounded(
         256, 16, 32_768, "Tokens per segment before a block is cut into sentences."

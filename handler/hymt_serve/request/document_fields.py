@@ -13,6 +13,7 @@ from hymt_serve.request.documents import DOCUMENT_FORMATS
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 from hymt_serve.request.families import Profile
 from hymt_serve.request.features import FEATURE_FIELDS
+from hymt_serve.request.office import OFFICE_FORMATS
 from hymt_serve.request.values import brief, flag, is_unicode
 
 DOCUMENT_FIELDS = ("document", "format", "previous_context")
@@ -55,14 +56,8 @@ def parse_document(
             allowed="text that encodes as UTF-8",
             field="document",
         )
-    size = len(text.encode("utf-8"))
-    if size > settings.limits.max_document_bytes:
-        raise PayloadTooLarge(
-            f"document has {size} bytes (UTF-8)",
-            allowed=f"at most {settings.limits.max_document_bytes} bytes",
-            field="document",
-        )
     kind = fields.get("format", "text")
+    _check_size(text, kind, settings)
     if kind not in DOCUMENT_FORMATS:
         raise InvalidRequest(
             f"format must be one of {list(DOCUMENT_FORMATS)}, got {brief(kind)}",
@@ -95,3 +90,16 @@ def parse_document(
             field="previous_context",
         )
     return DocumentInput(text, kind, previous)
+
+
+def _check_size(text: str, kind: object, settings: Settings) -> None:
+    """A document's UTF-8 bytes, or an Office file's bytes from its base64's length (before
+    anything is decoded), against their limits."""
+    if kind in OFFICE_FORMATS:
+        size, limit = len(text) * 3 // 4, settings.limits.max_office_bytes
+        what = f"the {kind} file has about {size} bytes"
+    else:
+        size, limit = len(text.encode("utf-8")), settings.limits.max_document_bytes
+        what = f"document has {size} bytes (UTF-8)"
+    if size > limit:
+        raise PayloadTooLarge(what, allowed=f"at most {limit} bytes", field="document")

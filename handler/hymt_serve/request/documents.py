@@ -21,6 +21,7 @@ document's length: no input makes them recurse or backtrack.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -33,17 +34,17 @@ from hymt_serve.request.localisation import LocalisationFile
 from hymt_serve.request.localisation_po import parse_po
 from hymt_serve.request.localisation_xliff import parse_xliff
 from hymt_serve.request.markup import EMAIL
+from hymt_serve.request.office import OFFICE_FORMATS, parse_office
 
 FORMATS = ("text", "markdown", "html", "srt")  # text split into pieces, joined back
 # The inline markup a format's segments carry (the kinds of markup.to_tags); a localisation
 # file's inline codes travel as HTML-like tags (:class:`.localisation.Codes`).
 MARKUP_KIND = {"text": "text", "markdown": "markdown", "html": "html", "srt": "html"}
-MARKUP_KIND |= {"xliff": "html", "po": "html"}
-# Localisation files: units to translate and a rebuilt file, not pieces of text.
-LOCALISATION: dict[str, Callable[[str], LocalisationFile]] = {
-    "xliff": parse_xliff,
-    "po": parse_po,
-}
+MARKUP_KIND |= {"xliff": "html", "po": "html"} | dict.fromkeys(OFFICE_FORMATS, "html")
+# Localisation files and Office packages (sent in base64): units to translate and a rebuilt
+# file, not pieces of text.
+LOCALISATION: dict[str, Callable[[str], LocalisationFile]] = {"xliff": parse_xliff, "po": parse_po}
+LOCALISATION |= {kind: functools.partial(parse_office, kind=kind) for kind in OFFICE_FORMATS}
 DOCUMENT_FORMATS = (*FORMATS, *LOCALISATION)  # what a request's "format" may name
 
 Measure = Callable[[str], int]  # tokens of a text

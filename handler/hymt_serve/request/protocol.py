@@ -41,6 +41,7 @@ from hymt_serve.request.errors import (
 from hymt_serve.request.families import HUNYUAN_MT_7B, Profile
 from hymt_serve.request.features import FEATURE_FIELDS, Features, parse_features
 from hymt_serve.request.languages import LANGUAGES, SUPPORTED_CODES, Language, lookup
+from hymt_serve.request.office import OFFICE_FORMATS, opening_text
 from hymt_serve.request.values import brief, flag, is_unicode
 
 ALIASES = {"src_lang": "source_lang", "tgt_lang": "target_lang"}
@@ -213,6 +214,8 @@ def _detected(
 ) -> tuple[Detection | None, ...]:
     """Each text's language; a document's from its opening (enough, and detection walks every
     character)."""
+    if document is not None and document.format in OFFICE_FORMATS:  # sent in base64
+        return (detect(opening_text(document.text, document.format, DETECT_DOCUMENT_CHARS)),)
     if document is not None:
         return (detect(document.text[:DETECT_DOCUMENT_CHARS]),)
     return tuple(detect(text) for text in texts)
