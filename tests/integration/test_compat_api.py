@@ -18,7 +18,8 @@ from web_stub import serving
 
 from hymt_serve.ops.launcher import Server
 from hymt_serve.web.app import create_app
-from hymt_serve.web.keys import SAVE_EVERY_S, USAGE_FILE, ClientKeys
+from hymt_serve.web.database import DATABASE_FILE
+from hymt_serve.web.keys import SAVE_EVERY_S, ClientKeys
 
 pytestmark = pytest.mark.integration
 LIMIT = 400
@@ -121,11 +122,11 @@ def test_usage_survives_a_restart(front: tuple[str, str], tmp_path: Path) -> Non
     keys = ClientKeys.open(tmp_path / "web_keys.json", character_limit=100)
     key = keys.keys[0]
     assert keys.reserve(key, 60) and not keys.reserve(key, 41)
-    keys.close()  # (the front end's shutdown; a timer saves meanwhile)
+    keys.close()  # (the front end's shutdown; the worker thread writes meanwhile)
     again = ClientKeys.open(tmp_path / "web_keys.json")
-    assert again.used(key) == 60 and (tmp_path / USAGE_FILE).is_file()
-    keys.refund(key, 60)
-    deadline = time.monotonic() + 10 * SAVE_EVERY_S  # saved behind, without close
+    assert again.used(key) == 60 and (tmp_path / DATABASE_FILE).is_file()
+    again.refund(key, 60)
+    deadline = time.monotonic() + 10 * SAVE_EVERY_S  # written behind, without close
     while ClientKeys.open(tmp_path / "web_keys.json").used(key) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ClientKeys.open(tmp_path / "web_keys.json").used(key) == 0

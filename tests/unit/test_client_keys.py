@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -53,7 +55,7 @@ def test_hymt_web_refuses_a_bad_key_file_in_one_line(tmp_path: Path) -> None:
 
 def test_a_read_only_key_file_from_a_secret_is_read_and_usage_kept_beside(tmp_path: Path) -> None:
     """The Helm chart mounts a Secret's web_keys.json read-only into the work folder: it is
-    read as it is (never rewritten), and the usage goes to web_usage.json beside it."""
+    read as it is (never rewritten), and the usage goes to the database (hymt.db) beside it."""
     path = tmp_path / "web_keys.json"
     path.write_text(json.dumps({"keys": [GOOD]}))
     path.chmod(0o440)
@@ -61,26 +63,32 @@ def test_a_read_only_key_file_from_a_secret_is_read_and_usage_kept_beside(tmp_pa
     key = keys.find("k" * 16)
     assert key is not None and keys.reserve(key, 4)
     keys.close()
-    assert json.loads((tmp_path / "web_usage.json").read_text()) == {"a": 4}
+    assert _stored(tmp_path) == {"a": 4}
     assert json.loads(path.read_text()) == {"keys": [GOOD]}
+    assert ClientKeys.open(path).used(key) == 4
 
 
 def test_usage_is_saved_behind_once_for_a_burst(tmp_path: Path) -> None:
-    """Counting is immediate; the file is written once per SAVE_EVERY_S, not per request (a
-    write and a rename per request cost the front end's event loop ~2 ms each)."""
+    """Counting is immediate; the database is written once per SAVE_EVERY_S, not per request
+    (a write per request would cost the front end's event loop ~2 ms each)."""
     path = tmp_path / "web_keys.json"
     path.write_text(json.dumps({"keys": [{**GOOD, "character_limit": 100}]}))
     keys = ClientKeys.open(path)
     key = keys.find("k" * 16)
     assert key is not None
-    usage = tmp_path / "web_usage.json"
     for _ in range(50):
         assert keys.reserve(key, 1)
-    assert keys.used(key) == 50 and not usage.exists()  # nothing written yet
+    assert keys.used(key) == 50 and _stored(tmp_path) == {"a": 0}  # nothing written yet
     deadline = time.monotonic() + 10 * SAVE_EVERY_S
-    while not usage.exists() and time.monotonic() < deadline:
+    while _stored(tmp_path) != {"a": 50} and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert json.loads(usage.read_text()) == {"a": 50}
+    assert _stored(tmp_path) == {"a": 50}
     keys.refund(key, 10)
     keys.close()  # the shutdown writes what is due at once
-    assert json.loads(usage.read_text()) == {"a": 40}
+    assert _stored(tmp_path) == {"a": 40}
+
+
+def _stored(folder: Path) -> dict[str, int]:
+    """The usage the database in ``folder`` holds, read with sqlite3 itself."""
+    with contextlib.closing(sqlite3.connect(folder / "hymt.db")) as connection:
+        return dict(connection.execute("SELECT name, used FROM client_keys").fetchall())

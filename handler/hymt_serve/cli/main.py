@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hymt_serve.cli import translate
+from hymt_serve.cli import database, translate
 from hymt_serve.cli.build import cmd_archive, cmd_quantize_fp8, cmd_tiny_model
 from hymt_serve.cli.server import (
     DEFAULT_MODEL,
@@ -25,7 +25,8 @@ from hymt_serve.ops.tiny_model import FAMILIES
 
 DESCRIPTION = """\
 Serve Hunyuan-MT translation models with TorchServe: build a model archive, start, scale and
-stop the server, check its health, translate, serve the translation web page."""
+stop the server, check its health, translate, serve the translation web page, manage its
+database and client keys."""
 EPILOG = """\
 a first try, without a GPU: bash scripts/demo.sh (a tiny random model: its output is noise)
 then:  hymt translate "你好，世界。" --to en     echo "Good morning." | hymt translate --to fr
@@ -183,9 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument(
         "--client-keys",
         type=Path,
-        help="key file of the LibreTranslate/DeepL compatible APIs (default: "
-        "WORKDIR/web_keys.json, created with one key when missing)",
+        help="key file imported into the database at start (default: WORKDIR/web_keys.json, "
+        "created with one key when neither it nor the database has a key)",
     )
+    web.add_argument("--database-url", help=database.DATABASE_HELP)
     web.add_argument(
         "--character-limit",
         type=int,
@@ -212,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         "language detection); requests and streams are served on one event loop, however many",
     )
     translate.add_arguments(sub.choices["translate"])
+    database.add_parsers(sub, WORKDIR_HELP)
     return parser
 
 

@@ -165,8 +165,12 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 def cmd_web(args: argparse.Namespace) -> int:
     # Starlette, uvicorn and the web package load only for this command (start-up of the others).
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from hymt_serve.cli.database import database_url
     from hymt_serve.core.errors import ConfigurationError
     from hymt_serve.web.app import create_app, is_loopback
+    from hymt_serve.web.database import shown
     from hymt_serve.web.fairness import KeyLimits
     from hymt_serve.web.keys import KEYS_FILE, ClientKeys
     from hymt_serve.web.serving import serve
@@ -174,10 +178,15 @@ def cmd_web(args: argparse.Namespace) -> int:
     server = _server(args.workdir)
     server.workdir.mkdir(parents=True, exist_ok=True)
     key_file = args.client_keys or server.workdir / KEYS_FILE
+    url = database_url(args)
     try:
-        client_keys = ClientKeys.open(key_file, args.character_limit)
+        # Migrates the database and imports the key file before serving (both block).
+        client_keys = ClientKeys.open(key_file, args.character_limit, url)
     except ConfigurationError as error:
         print(f"hymt web: {error}", file=sys.stderr)
+        return 1
+    except SQLAlchemyError as error:
+        print(f"hymt web: database {shown(url)}: {error}", file=sys.stderr)
         return 1
     if args.requests_per_key < 1 or args.threads < 1:
         option = "--requests-per-key" if args.requests_per_key < 1 else "--threads"
@@ -190,6 +199,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"translation page on http://{args.host}:{args.port}/ (TorchServe key stays here)")
     print(f"LibreTranslate and DeepL compatible APIs there too, keys in {key_file}")
+    print(f"client keys and usage in the database {shown(url)} (hymt keys list)")
     if require_keys:
         print("every route but the page and the probes asks for a client key of that file")
     try:

@@ -22,6 +22,7 @@ jobs in progress.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -122,7 +123,9 @@ def create_app(
                 await jobs.close()
             await torchserve.close()
             if client_keys is not None:
-                client_keys.close()  # the usage counted since the last save
+                # The usage counted since the last turn, written on a worker thread (the
+                # database call blocks).
+                await asyncio.to_thread(client_keys.close)
 
     app = Starlette(
         routes=routes,

@@ -1,68 +1,84 @@
-"""The web front end's own API keys for the LibreTranslate and DeepL compatible APIs.
+"""The front end's own client keys (LibreTranslate, DeepL, KServe v2, OpenAI and, with keys
+required, the page's API), their character limits and usage, kept in the database.
 
-Never the TorchServe keys: a client of the compatible APIs gets a key from this file, and the
-front end calls TorchServe with its own inference key. The file (``web_keys.json`` in the work
-folder, mode 0600) is created at the first start with one random key and read at each start::
-
-    {"keys": [{"name": "default", "key": "...", "character_limit": 1000000}]}
+Never the TorchServe keys: a client gets a key of the front end, and the front end calls
+TorchServe with its own inference key. Keys are declared in the key file (``web_keys.json``,
+imported at each start: :mod:`.key_file`, :mod:`.key_store`) or made by ``hymt keys add``.
 
 Each key has a character limit: the characters of the texts it had translated (as DeepL counts
-them) are kept per key name in ``web_usage.json`` beside it, so a restart does not reset them;
-a request that would pass the limit is refused whole. Counting happens in memory at once; the
-file is written behind, at most every ``SAVE_EVERY_S`` on a timer thread and at
-:meth:`ClientKeys.close` (the front end's shutdown): writing and renaming it for every request
-cost the front end's one event loop about 2 ms a request, a fifth of its capacity. A crash
-loses at most that interval's counts.
+them) are counted per key name, and a request that would pass the limit is refused whole.
+Counting happens in memory, under a lock, with no I/O (the event loop's cost per request: a few
+dictionary operations). A worker thread, every ``SAVE_EVERY_S``, adds what was counted since
+its last turn to the database in one transaction of ``used = used + n`` increments and reads
+every key back in the same transaction, so replicas on one database add up exactly, and each
+sees the others' counts and keys within two turns (1 s) plus a transaction's time. A key may
+so pass its limit by what other replicas counted in that window. A crash loses at most one
+turn's counts; a database that cannot be reached keeps them in memory until it can.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
-import os
-import secrets
+import logging
 import threading
-from dataclasses import dataclass
+import weakref
+from collections import Counter
 from pathlib import Path
-from typing import Any
 
-from hymt_serve.core.errors import ConfigurationError
+from sqlalchemy.exc import SQLAlchemyError
 
-KEYS_FILE = "web_keys.json"
-USAGE_FILE = "web_usage.json"
-DEFAULT_CHARACTER_LIMIT = 1_000_000
+from hymt_serve.web import database
+from hymt_serve.web.key_file import DEFAULT_CHARACTER_LIMIT, KEYS_FILE, USAGE_FILE, ClientKey
+from hymt_serve.web.key_store import KeyStore, Snapshot
+
+__all__ = [
+    "DEFAULT_CHARACTER_LIMIT",
+    "KEYS_FILE",
+    "SAVE_EVERY_S",
+    "USAGE_FILE",
+    "ClientKey",
+    "ClientKeys",
+    "bearer",
+]
+
+log = logging.getLogger(__name__)
 SAVE_EVERY_S = 0.5
 
 
-@dataclass(frozen=True)
-class ClientKey:
-    name: str
-    key: str
-    character_limit: int
-
-
 class ClientKeys:
-    """The keys of one key file, with their usage."""
+    """The active client keys of one database, with their usage; one per front end process."""
 
-    def __init__(self, keys: list[ClientKey], usage_path: Path) -> None:
-        self.keys = keys
-        self.usage_path = usage_path
+    def __init__(self, store: KeyStore) -> None:
+        self.store = store
         self._lock = threading.Lock()
-        self._used: dict[str, int] = _read_usage(usage_path)
-        self._timer: threading.Timer | None = None  # a save due, until it runs
-        self._saving = threading.Lock()
+        snapshot = store.read()
+        self.keys: list[ClientKey] = snapshot.keys  # replaced whole, never changed in place
+        self._stored: dict[str, int] = snapshot.used  # as the database had it at the last turn
+        self._sending: Counter[str] = Counter()  # taken by the turn in progress
+        self._pending: Counter[str] = Counter()  # counted since
+        self._stop = threading.Event()
+        # The thread holds the keys weakly: keys dropped without close() stop their thread.
+        self._thread = threading.Thread(
+            target=_turns, args=(weakref.ref(self), self._stop), name="client-key-usage"
+        )
+        self._thread.daemon = True
+        self._thread.start()
 
     @classmethod
-    def open(cls, path: Path, character_limit: int = DEFAULT_CHARACTER_LIMIT) -> ClientKeys:
-        """The keys of ``path``, creating it with one new key when it does not exist."""
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            first = {"name": "default", "key": secrets.token_urlsafe(24)}
-            content = {"keys": [{**first, "character_limit": character_limit}]}
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(descriptor, "w") as file:
-                json.dump(content, file, indent=1)
-        return cls(_read_keys(path), path.with_name(USAGE_FILE))
+    def open(
+        cls,
+        path: Path,
+        character_limit: int = DEFAULT_CHARACTER_LIMIT,
+        database_url: str | None = None,
+    ) -> ClientKeys:
+        """The keys of the database at ``database_url`` (default: ``hymt.db`` beside ``path``),
+        migrated to the newest schema, with the key file ``path`` imported (created with one
+        key of ``character_limit`` when neither it nor the database has a key)."""
+        engine = database.connect(database_url or f"sqlite:///{path.parent / 'hymt.db'}")
+        database.upgrade(engine)
+        store = KeyStore(engine)
+        store.import_file(path, character_limit)
+        return cls(store)
 
     def find(self, offered: str | None) -> ClientKey | None:
         """The key ``offered`` is, compared in constant time; None for no key or a wrong one."""
@@ -76,88 +92,66 @@ class ClientKeys:
 
     def used(self, key: ClientKey) -> int:
         with self._lock:
-            return self._used.get(key.name, 0)
+            return self._used(key.name)
 
     def reserve(self, key: ClientKey, characters: int) -> bool:
         """Count ``characters`` against ``key``; False (and nothing counted) past its limit."""
         with self._lock:
-            used = self._used.get(key.name, 0)
-            if used + characters > key.character_limit:
+            if self._used(key.name) + characters > key.character_limit:
                 return False
-            self._used[key.name] = used + characters
-            self._save_later()
+            self._pending[key.name] += characters
             return True
 
     def refund(self, key: ClientKey, characters: int) -> None:
         """Give back what :meth:`reserve` counted for a request that failed."""
         with self._lock:
-            self._used[key.name] = max(0, self._used.get(key.name, 0) - characters)
-            self._save_later()
+            self._pending[key.name] -= min(characters, self._used(key.name))
+
+    def sync(self) -> None:
+        """One turn: write what was counted, read every key back (blocks: a worker thread's)."""
+        with self._lock:
+            self._sending, self._pending = self._pending, Counter()
+            sending = dict(self._sending)
+        try:
+            snapshot = self.store.add_and_read(sending)
+        except SQLAlchemyError as error:
+            with self._lock:  # kept for the next turn
+                self._pending.update(self._sending)
+                self._sending = Counter()
+            log.warning("client key usage not written (kept for the next try): %s", error)
+            return
+        self._take(snapshot)
 
     def close(self) -> None:
-        """Write the usage now (a save due is not waited for)."""
+        """Stop the turns and write what is counted (blocks: the front end's shutdown calls it
+        on a worker thread)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        self.sync()
+        self.store.engine.dispose()
+
+    def _take(self, snapshot: Snapshot) -> None:
         with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-        self._save()
+            self._stored = snapshot.used
+            self._sending = Counter()
+            self.keys = snapshot.keys
 
-    def _save_later(self) -> None:
-        """Schedule a save in ``SAVE_EVERY_S`` unless one is due already (lock held)."""
-        if self._timer is None:
-            self._timer = threading.Timer(SAVE_EVERY_S, self._save_due)
-            self._timer.daemon = True
-            self._timer.start()
+    def _used(self, name: str) -> int:
+        """(lock held)"""
+        return self._stored.get(name, 0) + self._sending[name] + self._pending[name]
 
-    def _save_due(self) -> None:
-        with self._lock:
-            self._timer = None
-        self._save()
 
-    def _save(self) -> None:
-        # One save at a time, each writing what is counted when it starts: a later save never
-        # lands before an earlier one.
-        with self._saving:
-            with self._lock:
-                content = json.dumps(self._used)
-            partial = self.usage_path.with_suffix(".tmp")
-            partial.write_text(content)
-            partial.replace(self.usage_path)
+def _turns(owner: weakref.ref[ClientKeys], stop: threading.Event) -> None:
+    while not stop.wait(SAVE_EVERY_S):
+        keys = owner()
+        if keys is None:
+            return
+        keys.sync()
+        del keys  # no strong reference while waiting
 
 
 def bearer(header: str) -> str | None:
     """The key of an ``Authorization: Bearer <key>`` header; None for another scheme."""
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" else None
-
-
-def _read_keys(path: Path) -> list[ClientKey]:
-    try:
-        content: Any = json.loads(path.read_text())
-        keys = [
-            ClientKey(str(item["name"]), str(item["key"]), int(item["character_limit"]))
-            for item in content["keys"]
-        ]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ConfigurationError(
-            f'{path} must hold {{"keys": [{{"name", "key", "character_limit"}}, ...]}}'
-        ) from error
-    if not keys:
-        raise ConfigurationError(f"{path} holds no keys")
-    if any(len(key.key) < 16 or key.character_limit < 0 for key in keys):
-        raise ConfigurationError(
-            f"{path}: every key needs at least 16 characters and a limit of 0 or more"
-        )
-    if len({key.name for key in keys}) != len(keys):
-        raise ConfigurationError(f"{path}: key names must differ (usage is kept per name)")
-    return keys
-
-
-def _read_usage(path: Path) -> dict[str, int]:
-    try:
-        content = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(content, dict):
-        return {}
-    return {str(k): int(v) for k, v in content.items() if isinstance(v, int)}
