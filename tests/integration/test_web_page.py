@@ -388,7 +388,7 @@ def test_a_dropped_subtitle_file_keeps_its_numbers_and_timings(page: Any) -> Non
 
 def test_files_that_cannot_be_translated_get_readable_errors(page: Any) -> None:
     cases = [
-        ("report.docx", b"PK\x03\x04", "Choose a .txt, .md, .html or .srt file"),
+        ("report.pdf", b"%PDF-1.7", "Choose a .txt, .md, .html, .srt, .xlf, .po, .docx"),
         ("latin1.txt", "caf\u00e9".encode("latin-1"), "not UTF-8"),
         ("broken.srt", b"1\nnot a timing line\nHi\n", "cue 1 (line 2)"),
     ]

@@ -5,8 +5,9 @@ documents`), run as a task on the event loop, ``WORKERS`` at a time.
 - ``POST /v2/document`` (multipart: ``file``, ``target_lang``, ``source_lang``, ``filename``)
   -> ``{"document_id", "document_key"}``; files ``.txt``, ``.md``, ``.html``/``.htm``,
   ``.srt``, ``.xlf``/``.xliff`` (XLIFF 1.2 and 2.x; DeepL reads 2.1 only) and ``.po`` (gettext;
-  not one of DeepL's) in UTF-8; a file malformed for its format fails in its status, as DeepL's
-  do;
+  not one of DeepL's) in UTF-8, and ``.docx``, ``.pptx``, ``.xlsx`` (sent on in base64; the
+  characters a reader sees are billed); a file malformed for its format fails in its status,
+  as DeepL's do;
 - ``POST /v2/document/<id>`` (``document_key``) -> ``{"document_id", "status": "queued" |
   "translating" | "done" | "error", "billed_characters", "error_message"}``;
 - ``POST /v2/document/<id>/result`` (``document_key``) -> the translated file, its name in
@@ -25,6 +26,7 @@ are given back if the translation fails.
 from __future__ import annotations
 
 import asyncio
+import base64
 import secrets
 import time
 import unicodedata
@@ -38,6 +40,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from hymt_serve.request.errors import InvalidRequest
+from hymt_serve.request.office import OFFICE_FORMATS, opening_text
 from hymt_serve.web.bodies import is_json, json_object
 from hymt_serve.web.compat import CompatError, api_params, deepl_client_key, deepl_fields
 from hymt_serve.web.fairness import Busy, Post
@@ -50,6 +54,13 @@ MEDIA_TYPES = {"text": "text/plain", "markdown": "text/markdown", "html": "text/
 # XLIFF's registered type (XLIFF 2.0, appendix on media type), PO's in shared-mime-info.
 MEDIA_TYPES |= {"srt": "application/x-subrip", "xliff": "application/xliff+xml"}
 MEDIA_TYPES |= {"po": "text/x-gettext-translation"}
+# Office files travel in base64 inside the JSON request (docs/documents.md), under their own
+# registered types.
+FORMATS |= {".docx": "docx", ".pptx": "pptx", ".xlsx": "xlsx"}
+_OOXML = "application/vnd.openxmlformats-officedocument."
+MEDIA_TYPES |= {"docx": _OOXML + "wordprocessingml.document"}
+MEDIA_TYPES |= {"pptx": _OOXML + "presentationml.presentation"}
+MEDIA_TYPES |= {"xlsx": _OOXML + "spreadsheetml.sheet"}
 MAX_FILE_BYTES = 4 * 1_048_576  # the handler refuses more than its max_document_bytes anyway
 MAX_JOBS = 256  # each holds up to MAX_FILE_BYTES twice (the file and its translation)
 PER_KEY_ACTIVE = 8
@@ -94,17 +105,24 @@ class DocumentJobs:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def submit(
-        self, key: ClientKey, filename: str, text: str, fields: dict[str, Any]
+        self,
+        key: ClientKey,
+        filename: str,
+        text: str,
+        fields: dict[str, Any],
+        characters: int | None = None,
     ) -> tuple[str, str]:
-        """Queue ``text`` (the file's content) for translation: (document id, document key).
+        """Queue ``text`` (the file's content; an Office file's in base64) for translation:
+        (document id, document key); ``characters`` billed (the text's length if not given).
         Raises CompatError (quota, too many jobs)."""
         kind = FORMATS[PurePath(filename).suffix.lower()]
+        characters = len(text) if characters is None else characters
         self._forget_old()
         self._check_room(key)
-        if not self._keys.reserve(key, len(text)):
+        if not self._keys.reserve(key, characters):
             raise CompatError(456, "Quota for this billing period has been exceeded.")
         document_id = secrets.token_hex(16)
-        job = _Job(secrets.token_urlsafe(32), key.name, filename, len(text))
+        job = _Job(secrets.token_urlsafe(32), key.name, filename, characters)
         self._jobs[document_id] = job
         body = {**fields, "document": text, "format": kind, "stream": False}
         task = asyncio.get_running_loop().create_task(self._run(job, body, key))
@@ -148,7 +166,9 @@ class DocumentJobs:
             status, answer = 500, {"error": f"the translation failed ({type(error).__name__})"}
         job.ended = time.monotonic()
         if status == 200 and isinstance(answer.get("document"), str):
-            job.result = answer["document"].encode("utf-8")
+            office = body["format"] in OFFICE_FORMATS
+            document = answer["document"]
+            job.result = base64.b64decode(document) if office else document.encode("utf-8")
             job.status = "done"
         else:
             job.error = str(answer.get("error") or f"HTTP {status}")
@@ -200,13 +220,16 @@ def document_routes(jobs: DocumentJobs, keys: ClientKeys) -> list[BaseRoute]:
             data = await upload.read(MAX_FILE_BYTES + 1)
             if len(data) > MAX_FILE_BYTES:
                 raise CompatError(413, "Document too large.")
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise CompatError(400, "The document is not UTF-8 text.") from None
+            kind = FORMATS[PurePath(filename).suffix.lower()]
+            characters = None
+            if kind in OFFICE_FORMATS:
+                text = base64.b64encode(data).decode("ascii")
+                characters = await asyncio.to_thread(_office_characters, text, kind)
+            else:
+                text = _utf8(data)
             fields, _ = deepl_fields({k: v for k, v in form.items() if isinstance(v, str)})
             fields.pop("preserve_format", None)  # a document keeps its format itself
-            document_id, document_key = jobs.submit(key, filename, text, fields)
+            document_id, document_key = jobs.submit(key, filename, text, fields, characters)
         except CompatError as error:
             return error.answer("message")
         return json_response({"document_id": document_id, "document_key": document_key})
@@ -255,6 +278,22 @@ async def _document_key(request: Request) -> str | None:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _utf8(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CompatError(400, "The document is not UTF-8 text.") from None
+
+
+def _office_characters(text: str, kind: str) -> int:
+    """The characters a reader sees in an Office file (what is billed); a file that cannot be
+    read counts its size, and fails in its status as DeepL's do."""
+    try:
+        return len(opening_text(text, kind, MAX_FILE_BYTES))
+    except InvalidRequest:
+        return len(text) * 3 // 4
 
 
 def content_disposition(filename: str) -> str:

@@ -5,9 +5,29 @@
 
 // File extensions and the document formats of the API.
 const FORMATS = { txt: "text", text: "text", md: "markdown", markdown: "markdown", html: "html",
-  htm: "html", srt: "srt" };
+  htm: "html", srt: "srt", xlf: "xliff", xliff: "xliff", po: "po", docx: "docx", pptx: "pptx",
+  xlsx: "xlsx" };
+const OOXML = "application/vnd.openxmlformats-officedocument.";
 const MIME = { text: "text/plain", markdown: "text/markdown", html: "text/html",
-  srt: "application/x-subrip" };
+  srt: "application/x-subrip", xliff: "application/xliff+xml", po: "text/x-gettext-translation",
+  docx: OOXML + "wordprocessingml.document", pptx: OOXML + "presentationml.presentation",
+  xlsx: OOXML + "spreadsheetml.sheet" };
+// Office files travel in base64 (the API's form for them), up to the handler's max_office_bytes.
+const BINARY = new Set(["docx", "pptx", "xlsx"]);
+const MAX_OFFICE_BYTES = 4194304;
+
+function toBase64(buffer) {
+  const bytes = new Uint8Array(buffer);
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 32768) { // in chunks: no call with a million arguments
+    binary += String.fromCharCode.apply(null, bytes.subarray(i, i + 32768));
+  }
+  return btoa(binary);
+}
+
+function fromBase64(text) {
+  return Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
+}
 
 function showProgress(done, total) {
   state.progress.push(done);
@@ -26,15 +46,19 @@ async function translateFile(file) {
   if (state.busy || !file) return;
   const extension = file.name.includes(".") ? file.name.split(".").pop().toLowerCase() : "";
   const format = FORMATS[extension];
-  if (!format) return showError(`Choose a .txt, .md, .html or .srt file (not "${file.name}").`);
-  if (file.size > state.maxDocumentBytes) {
-    const limit = (state.maxDocumentBytes / 1048576).toFixed(1);
+  if (!format) {
+    return showError("Choose a .txt, .md, .html, .srt, .xlf, .po, .docx, .pptx or .xlsx file " +
+      `(not "${file.name}").`);
+  }
+  const maxBytes = BINARY.has(format) ? MAX_OFFICE_BYTES : state.maxDocumentBytes;
+  if (file.size > maxBytes) {
+    const limit = (maxBytes / 1048576).toFixed(1);
     return showError(`The file is larger than the server accepts (${limit} MB).`);
   }
   let text;
   try { // the file's own bytes: a byte-order mark is kept, anything but UTF-8 refused
-    text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true })
-      .decode(await file.arrayBuffer());
+    text = BINARY.has(format) ? toBase64(await file.arrayBuffer())
+      : new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(await file.arrayBuffer());
   } catch (error) {
     return showError("The file is not UTF-8 text.");
   }
@@ -69,7 +93,8 @@ async function translateFile(file) {
     const name = translatedName(file.name, $("target").value);
     const link = $("download");
     if (link.href) URL.revokeObjectURL(link.href);
-    link.href = URL.createObjectURL(new Blob([final.document], { type: MIME[format] }));
+    const content = BINARY.has(format) ? fromBase64(final.document) : final.document;
+    link.href = URL.createObjectURL(new Blob([content], { type: MIME[format] }));
     link.download = name;
     link.textContent = `Download ${name}`;
     link.hidden = false;
