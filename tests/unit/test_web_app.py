@@ -209,6 +209,23 @@ def test_config_says_demo_model_from_one_describe_call(
     assert described.headers["Authorization"] == "Bearer management-key"
 
 
+def test_config_gives_the_page_the_handlers_file_limits(
+    client: TestClient, upstream: Upstream
+) -> None:
+    """The page checks a file's size against the handler's own limits before it sends it (an
+    Office file's in base64), and the defaults while the handler does not say."""
+    described = _described({"engine": "hf"})
+    metadata = json.loads(described[0]["customizedMetadata"])
+    metadata["settings"].update(max_document_bytes=5000, max_office_bytes=7000)
+    described[0]["customizedMetadata"] = json.dumps(metadata)
+    upstream.reply(DESCRIBE, described)
+    config = client.get("/api/config").json()
+    assert (config["max_document_bytes"], config["max_office_bytes"]) == (5000, 7000)
+    upstream.reply(DESCRIBE, _described({"engine": "hf"}))
+    config = client.get("/api/config").json()
+    assert (config["max_document_bytes"], config["max_office_bytes"]) == (1_048_576, 4_194_304)
+
+
 @pytest.mark.parametrize(
     ("family", "features"),
     [

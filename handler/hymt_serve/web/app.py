@@ -61,6 +61,7 @@ from hymt_serve.web.torchserve import TorchServe, json_response
 STATIC = Path(__file__).with_name("static")
 DEFAULT_MAX_CHARS = 4000
 DEFAULT_MAX_DOCUMENT_BYTES = 1_048_576
+DEFAULT_MAX_OFFICE_BYTES = 4_194_304  # the handler's default max_office_bytes
 DEFAULT_MAX_TEXTS = 16
 # The family features the page has controls for.
 PAGE_FEATURES = (
@@ -169,6 +170,9 @@ def _page_routes(
                 "max_chars": _setting(described, "max_chars_per_text", DEFAULT_MAX_CHARS),
                 "max_document_bytes": _setting(
                     described, "max_document_bytes", DEFAULT_MAX_DOCUMENT_BYTES
+                ),
+                "max_office_bytes": _setting(
+                    described, "max_office_bytes", DEFAULT_MAX_OFFICE_BYTES
                 ),
                 "demo_model": _demo_model(described),
                 "model": model,

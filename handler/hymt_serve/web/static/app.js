@@ -4,7 +4,7 @@
 const $ = (id) => document.getElementById(id);
 const state = {
   maxChars: 0, busy: false, streamEvents: 0, demoModel: false, features: [], refine: false,
-  maxDocumentBytes: 0, progress: [],
+  maxDocumentBytes: 0, maxOfficeBytes: 0, progress: [],
   names: {}, // each language's label in the pickers, by code
   detected: null, // the code the server detected for the last translation ("Detect language")
 };
@@ -270,6 +270,7 @@ async function init() {
   const config = await answer.json();
   state.maxChars = config.max_chars;
   state.maxDocumentBytes = config.max_document_bytes;
+  state.maxOfficeBytes = config.max_office_bytes;
   $("model").textContent = config.family ? `${config.model} · ${config.family}` : config.model;
   state.demoModel = config.demo_model === true;
   $("demo-notice").hidden = !state.demoModel;

@@ -12,9 +12,9 @@ const MIME = { text: "text/plain", markdown: "text/markdown", html: "text/html",
   srt: "application/x-subrip", xliff: "application/xliff+xml", po: "text/x-gettext-translation",
   docx: OOXML + "wordprocessingml.document", pptx: OOXML + "presentationml.presentation",
   xlsx: OOXML + "spreadsheetml.sheet" };
-// Office files travel in base64 (the API's form for them), up to the handler's max_office_bytes.
+// Office files travel in base64 (the API's form for them), up to the handler's max_office_bytes
+// (state.maxOfficeBytes, from /api/config).
 const BINARY = new Set(["docx", "pptx", "xlsx"]);
-const MAX_OFFICE_BYTES = 4194304;
 
 function toBase64(buffer) {
   const bytes = new Uint8Array(buffer);
@@ -50,7 +50,7 @@ async function translateFile(file) {
     return showError("Choose a .txt, .md, .html, .srt, .xlf, .po, .docx, .pptx or .xlsx file " +
       `(not "${file.name}").`);
   }
-  const maxBytes = BINARY.has(format) ? MAX_OFFICE_BYTES : state.maxDocumentBytes;
+  const maxBytes = BINARY.has(format) ? state.maxOfficeBytes : state.maxDocumentBytes;
   if (file.size > maxBytes) {
     const limit = (maxBytes / 1048576).toFixed(1);
     return showError(`The file is larger than the server accepts (${limit} MB).`);
