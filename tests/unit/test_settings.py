@@ -45,6 +45,12 @@ def test_choices_are_normalised() -> None:
     assert load({"model_path": "/m"}).loading.one_row_kernel == "auto"
     loaded = load({"model_path": "/m", "one_row_kernel": "cuBLAS"})
     assert loaded.loading.one_row_kernel == "cublas"
+    assert load({"model_path": "/m"}).loading.compile_cache_dir == "auto"
+    assert (
+        load({"model_path": "/m", "compile_cache_dir": " OFF "}).loading.compile_cache_dir == "off"
+    )
+    kept = load({"model_path": "/m", "compile_cache_dir": " /Cache/Kept "})
+    assert kept.loading.compile_cache_dir == "/Cache/Kept"  # a folder keeps its case
 
 
 def test_the_blas_library_applies_on_cuda_only() -> None:
@@ -189,7 +195,9 @@ def test_the_public_view_keeps_the_flat_keys_of_model_config() -> None:
     [({"quantize_lm_head": True, "quantization": "nf4"}, "quantize_lm_head needs quantization"),
      ({"top_k": -1}, "top_k must be an integer in [0, 1000], got -1"),
      ({"document_length_factor": 0.0}, "document_length_factor must be a number in (0.0, 100.0]"),
-     ({"share_engine": "yes"}, "share_engine must be true or false, got 'yes'")],
+     ({"share_engine": "yes"}, "share_engine must be true or false, got 'yes'"),
+     ({"compile_cache_dir": 3}, "compile_cache_dir must be auto, off, a folder, got 3"),
+     ({"compile_cache_dir": " "}, "compile_cache_dir must be auto, off, a folder, got ' '")],
 )  # fmt: skip
 def test_every_kind_of_key_names_its_bound(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigurationError) as info:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from hymt_serve.core.types import SamplingParams
 
-Kind = Literal["int", "float", "choice", "flag"]
+Kind = Literal["int", "float", "choice", "flag", "path"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class Spec:
             return ", ".join(self.choices)
         if self.kind == "flag":
             return "true, false"
+        if self.kind == "path":
+            return ", ".join((*self.choices, "a folder"))
         return f"{'(' if self.low_open else '['}{self.low}, {self.high}]"
 
 
@@ -53,6 +55,11 @@ def choice(default: str, choices: tuple[str, ...], doc: str) -> Any:
 
 def flag(default: bool, doc: str) -> Any:
     return field(default=default, metadata={"spec": Spec("flag", doc)})
+
+
+def folder(default: str, words: tuple[str, ...], doc: str) -> Any:
+    """A field naming a folder, or one of ``words`` (normalised: stripped, lower-cased)."""
+    return field(default=default, metadata={"spec": Spec("path", doc, choices=words)})
 
 
 def spec_of(config: type[Any], name: str) -> Spec:
@@ -173,6 +180,14 @@ class Loading:
         FAMILIES,
         "The model family's prompts and request fields (auto: from the model folder's "
         "hymt_family.txt or name).",
+    )
+    compile_cache_dir: str = folder(
+        "auto",
+        ("auto", "off"),
+        "Fast engine: where compiled kernels and autotuning results are kept and reused by the "
+        "next start with the same model, card, precision and code (one folder per key); auto: "
+        "compile-cache in hymt start's work folder; off: torch's own defaults. "
+        "$HYMT_COMPILE_CACHE_DIR overrides it; a relative folder is read in the work folder.",
     )
 
 

@@ -174,6 +174,11 @@ def _build(config: type[Any], values: Mapping[str, Any]) -> Any:
 def _check(key: str, spec: Spec, value: Any) -> Any:
     if spec.kind == "choice":
         return _choice(key, spec, value)
+    if spec.kind == "path":
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigurationError(f"{key} must be {spec.bounds()}, got {value!r}")
+        word = value.strip().lower()
+        return word if word in spec.choices else value.strip()
     if spec.kind == "flag":
         if not isinstance(value, bool):
             raise ConfigurationError(f"{key} must be true or false, got {value!r}")

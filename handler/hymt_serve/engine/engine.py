@@ -35,6 +35,7 @@ from hymt_serve.engine.checkpoints.loading import (
     load_model,
 )
 from hymt_serve.engine.codec import TokenCodec
+from hymt_serve.engine.compile_cache import CompileCache, engine_inputs, open_cache, resolve_root
 from hymt_serve.engine.runners.hf_forward import HFRunner
 from hymt_serve.engine.runners.protocol import Runner
 from hymt_serve.engine.scheduler.loop import Scheduler
@@ -218,6 +219,7 @@ def _pick_runner(
             quantize_head=settings.loading.quantize_lm_head,
             prefix_entries=settings.scheduler.prefix_cache_entries,
             mixed_tokens=settings.scheduler.mixed_step_tokens,
+            open_compile_cache=lambda: _open_compile_cache(loaded, settings, own),
         )
     except UnsupportedModelError as error:
         if own:
@@ -226,6 +228,17 @@ def _pick_runner(
             raise ConfigurationError(reason) from None
         return hf, error.reason
     return runner, None
+
+
+def _open_compile_cache(loaded: LoadedModel, settings: Settings, own: bool) -> CompileCache | None:
+    """The compile cache of this model, card, precision and code (None when off)."""
+    root = resolve_root(settings.loading.compile_cache_dir)
+    if root is None:
+        return None
+    quantization = loaded.plan.quantization.value if own else Quantization.NONE.value
+    if loaded.int4 is not None:
+        quantization = GPTQ
+    return open_cache(root, engine_inputs(settings, loaded, quantization))
 
 
 def _ids_only(tokens: list[int], finish: FinishReason) -> GenerationResult:

@@ -19,6 +19,7 @@ from torch import nn
 
 from hymt_serve.core.errors import ConfigurationError
 from hymt_serve.engine.checkpoints.fp8 import Fp8Scales
+from hymt_serve.engine.compile_cache import CompileCache
 from hymt_serve.engine.kernels.attention import TRITON_KERNEL, kernel_name
 from hymt_serve.engine.kernels.quantized import Int4Parts
 from hymt_serve.engine.models import architecture_for
@@ -44,6 +45,7 @@ def build_fast_runner(
     quantize_head: bool = False,
     prefix_entries: int = 0,
     mixed_tokens: int = MIXED_TOKENS,
+    open_compile_cache: Callable[[], CompileCache | None] | None = None,
 ) -> FastRunner:
     """A runner over ``model``'s weights; on CUDA compile and capture the steps' graphs.
 
@@ -58,6 +60,8 @@ def build_fast_runner(
     :mod:`hymt_serve.engine.runners.prefixes`); their memory comes out of the KV cache's share.
     ``mixed_tokens`` prompt tokens may ride in each decode step (chunks of the prompts that
     join; 0: rows join between steps, their prefill stalling the batch).
+    ``open_compile_cache`` gives the compile cache to build with (None: off), opened only when
+    something compiles (:mod:`hymt_serve.engine.compile_cache`).
     Raises :class:`UnsupportedModelError` if the model cannot run here (or no row fits).
     """
     start = time.perf_counter()
@@ -74,11 +78,12 @@ def build_fast_runner(
     if rows < 1:
         raise UnsupportedModelError("not enough free device memory for a KV cache of one row")
     capturable = kernel_name(param.device, param.dtype) == TRITON_KERNEL
-    if capturable:
-        check_kernel_builds()
     graphs = capturable if use_cuda_graphs is None else use_cuda_graphs
     if graphs and not capturable:
         raise UnsupportedModelError("CUDA graphs need a bf16/fp16 model on CUDA with Triton")
+    cache, cache_report = _compile_cache(open_compile_cache if graphs else None, graphs)
+    if capturable:  # (after the cache is in place: Triton's C launchers are kept there too)
+        check_kernel_builds()
     config: Any = model.config
     with torch.inference_mode():
         weights = architecture.extract_weights(
@@ -98,9 +103,32 @@ def build_fast_runner(
         )
         if graphs:
             runner.capture(compile_=graphs if compile_model is None else compile_model)
+    runner.compile_cache = cache.finish() if cache is not None else cache_report
     runner.timings["ready_s"] = time.perf_counter() - start
     logger.info("fast engine ready: %s", runner.describe())
     return runner
+
+
+def _compile_cache(
+    opener: Callable[[], CompileCache | None] | None, graphs: bool
+) -> tuple[CompileCache | None, dict[str, Any]]:
+    """The compile cache, in place for inductor and Triton, or None and why none is used. A
+    cache that cannot be opened (a read-only or full disk) costs its reuse, never the start."""
+    if not graphs:
+        return None, {"dir": None, "reused": False, "why_not": "nothing compiles (no graphs)"}
+    off = {"dir": None, "reused": False, "why_not": "compile_cache_dir is off"}
+    if opener is None:
+        return None, off
+    try:
+        cache = opener()
+    except OSError as error:
+        logger.warning("fast engine: compile cache not used: %s", error)
+        return None, {"dir": None, "reused": False, "why_not": f"cannot open: {error}"}
+    if cache is None:
+        return None, off
+    cache.apply()
+    logger.info("fast engine: compile cache %s", cache.describe())
+    return cache, {}
 
 
 NO_COMPILER = (

@@ -106,6 +106,8 @@ class FastRunner(PackedPrefill):
         self.mixed_tokens, self.mixed_keys, self.mixed_rows = mixed_tokens, MIXED_KEYS, MIXED_ROWS
         self.compiled = False
         self.timings: dict[str, float] = {}
+        # the compile cache this build used (engine.compile_cache): its folder, whether reused
+        self.compile_cache: dict[str, Any] = {}
 
     @property
     def vocab(self) -> int:
@@ -227,6 +229,7 @@ class FastRunner(PackedPrefill):
             "buckets": list(self.buckets),
             "cuda_graphs": bool(self.graphs),
             "compiled": self.compiled,
+            "compile_cache": self.compile_cache,
             "attention_kernel": kernel_name(device, dtype),
             "prompt_attention_kernel": prompt_kernel_name(device, dtype),
             "attention_splits": {
