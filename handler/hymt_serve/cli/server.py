@@ -26,6 +26,7 @@ from hymt_serve.ops.launcher import (
 from hymt_serve.ops.operate import (
     ScaleRefused,
     check_scale,
+    compile_cache_line,
     guard_report,
     health,
     liveness,
@@ -75,6 +76,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         f"TorchServe ready: {', '.join(names)} at {server.inference_url()} "
         f"(keys in {server.workdir / 'key_file.json'}, logs in {server.log_dir})"
     )
+    for name in names:  # what the engine's build reused (engine.compile_cache)
+        print(compile_cache_line(name, handler_description(server, name)))
     if process is None:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: stop(server))

@@ -138,6 +138,7 @@ class Server:
                 for entry in env.get("PYTHONPATH", "").split(os.pathsep)
             ),
             TEMP=str(self.workdir / "tmp"),
+            HYMT_WORK_DIR=str(self.workdir),  # the compile cache's home (engine.compile_cache)
             TMPDIR=str(self.workdir / "tmp"),
             LOG_LOCATION=str(self.log_dir),
             METRICS_LOCATION=str(self.log_dir),

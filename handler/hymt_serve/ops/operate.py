@@ -168,3 +168,23 @@ def guard_report(server: Server, timeout: float = 8.0) -> str:
     if unguarded:
         return f"front-end guard: partly active ({facts})"
     return f"front-end guard: {'active' if guarded else 'loaded, no async worker'} ({facts})"
+
+
+def compile_cache_line(name: str, described: dict[str, Any]) -> str:
+    """One line on model ``name``'s compile cache from its handler's describe output (the fast
+    engine's ``compile_cache``, :mod:`hymt_serve.engine.compile_cache`): reused or why not."""
+    engine = described.get("engine")
+    fast = engine.get("fast") if isinstance(engine, dict) else None
+    cache = fast.get("compile_cache") if isinstance(fast, dict) else None
+    if not isinstance(cache, dict) or not cache:
+        why = "its engine is not the fast engine" if isinstance(engine, dict) else "unknown"
+        return f"{name}: compile cache: none ({why})"
+    where = f" in {cache['dir']}" if cache.get("dir") else ""
+    if cache.get("reused"):
+        counts = (
+            f" ({cache.get('fx_graph_hits', 0)} graphs from the cache, "
+            f"{cache.get('fx_graph_misses', 0)} compiled; "
+            f"{cache.get('files_added', 0)} files added)"
+        )
+        return f"{name}: compile cache reused{where}{counts}"
+    return f"{name}: compile cache not reused{where}: {cache.get('why_not')}"
