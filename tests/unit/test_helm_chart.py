@@ -362,6 +362,27 @@ def test_model_from_a_claim_or_copied_by_an_init_container() -> None:
     }
 
 
+@pytest.mark.parametrize("name", list(VALUES))
+def test_the_compile_cache_is_on_its_volume_where_the_engine_looks(name: str) -> None:
+    """TorchServe's container mounts the compile-cache volume at $HYMT_COMPILE_CACHE_DIR (the
+    engine's compile_cache_dir): an emptyDir by default, the claim when one is named."""
+    values = values_of(name)["compileCache"]
+    server = server_container(name)
+    env = {e["name"]: e.get("value") for e in server["env"]}
+    (mount,) = [m for m in server["volumeMounts"] if m["name"] == "compile-cache"]
+    assert env["HYMT_COMPILE_CACHE_DIR"] == mount["mountPath"] == values["mountPath"]
+    assert mount.get("readOnly", False) is False
+    (volume,) = [v for v in pod_spec(name)["volumes"] if v["name"] == "compile-cache"]
+    if values["existingClaim"]:
+        assert volume["persistentVolumeClaim"] == {"claimName": values["existingClaim"]}
+        assert mount["subPath"] == values["subPath"]
+    else:
+        assert volume["emptyDir"] == {"sizeLimit": values["sizeLimit"]}
+        assert "subPath" not in mount
+    front = front_end(name)  # the front end neither compiles nor sees the cache
+    assert all(m["name"] != "compile-cache" for m in front.get("volumeMounts", []))
+
+
 def test_hpa_scales_on_requests_in_flight_per_gpu() -> None:
     assert not of_kind("default", "HorizontalPodAutoscaler")
     (hpa,) = of_kind("init-hpa", "HorizontalPodAutoscaler")

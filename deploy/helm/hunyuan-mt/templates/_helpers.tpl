@@ -182,6 +182,15 @@ read-only root. */}}
   emptyDir: {}
 - name: cache
   emptyDir: {}
+{{- if .Values.compileCache.existingClaim }}
+- name: compile-cache
+  persistentVolumeClaim:
+    claimName: {{ .Values.compileCache.existingClaim }}
+{{- else }}
+- name: compile-cache
+  emptyDir:
+    sizeLimit: {{ .Values.compileCache.sizeLimit }}
+{{- end }}
 - name: dshm
   emptyDir:
     medium: Memory
@@ -220,6 +229,9 @@ commands run inside the container, so they reach TorchServe on loopback. */}}
       value: /home/model-server/.cache
     - name: CUDA_CACHE_PATH
       value: /home/model-server/.cache/nv
+    # The fast engine's compile cache (compileCache), reused by the next start on this volume.
+    - name: HYMT_COMPILE_CACHE_DIR
+      value: {{ .Values.compileCache.mountPath | quote }}
   {{- if or .Values.torchserve.exposeDirect .Values.metrics.expose }}
   ports:
     {{- if .Values.torchserve.exposeDirect }}
@@ -282,6 +294,11 @@ commands run inside the container, so they reach TorchServe on loopback. */}}
       mountPath: /tmp
     - name: cache
       mountPath: /home/model-server/.cache
+    - name: compile-cache
+      mountPath: {{ .Values.compileCache.mountPath }}
+      {{- with .Values.compileCache.subPath }}
+      subPath: {{ . }}
+      {{- end }}
     - name: dshm
       mountPath: /dev/shm
 {{- end -}}
