@@ -11,8 +11,11 @@ and ours by name: every specialisation is a compile). ``--serial FORM ...`` runs
 once more with none of our weight-only kernels compiled ahead (each at its first launch,
 without hymt_serve.engine.kernels.ahead). ``--rounds N`` runs every form N times, each round in
 another order (the host's speed moves from run to run): each row's ratio is to bf16's ready time
-of its own round, and a second table gives each form's medians. Writes ``ready.json`` and
-``ready.md`` to ``--out``.
+of its own round, and a second table gives each form's medians. ``--warm-cache`` then runs
+each form twice more through the engine's compile cache (hymt_serve.engine.compile_cache) in a
+fresh cache root: a cold start that fills it, then a start that reuses it, each in its own
+process (what a restarted pod or worker pays with the cache on its volume). Writes
+``ready.json`` and ``ready.md`` to ``--out``.
 
     PYTHONPATH=handler python benchmarks/decode/ready_time.py --out DIR --forms none fp8 int8
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -73,9 +77,12 @@ def prepare(checkpoint: Path, forms: list[str]) -> None:
         write_fp8_checkpoint(checkpoint, fp8, device="cuda", prompts=calibration)
 
 
-def measure_one(checkpoint: Path, form: str, serial: bool = False) -> dict[str, Any]:
+def measure_one(
+    checkpoint: Path, form: str, serial: bool = False, cache_root: Path | None = None
+) -> dict[str, Any]:
     """Load and build one form here, as the worker does; the times in seconds. ``serial``:
-    no weight-only kernel compiles ahead (each compiles at its first launch)."""
+    no weight-only kernel compiles ahead (each compiles at its first launch). ``cache_root``:
+    build through the engine's compile cache there, as the engine does."""
     import torch
 
     from hymt_serve.engine.kernels import ahead
@@ -96,8 +103,17 @@ def measure_one(checkpoint: Path, form: str, serial: bool = False) -> dict[str, 
         "max_input_tokens": INPUT_TOKENS,
         "max_new_tokens": NEW_TOKENS,
     }
-    loaded = load_model(Settings.from_mapping(settings, environ={}))
+    parsed = Settings.from_mapping(settings, environ={})
+    loaded = load_model(parsed)
     loaded_at = time.perf_counter()
+    opener = None
+    if cache_root is not None:  # as the engine opens its compile cache (engine._pick_runner)
+        from hymt_serve.engine.compile_cache import engine_inputs, open_cache
+
+        quantization = loaded.plan.quantization.value if loaded.int4 is None else "gptq-int4"
+        inputs = engine_inputs(parsed, loaded, quantization)
+        opener = functools.partial(open_cache, cache_root, inputs)
+
     runner = build_fast_runner(
         loaded.model,
         max_batch_size=ROWS,
@@ -106,6 +122,7 @@ def measure_one(checkpoint: Path, form: str, serial: bool = False) -> dict[str, 
         fp8_scales=loaded.fp8_scales,
         int4=loaded.int4,
         quantize_head=head == "head",
+        open_compile_cache=opener,
     )
     torch.cuda.synchronize()
     done = time.perf_counter()
@@ -118,11 +135,15 @@ def measure_one(checkpoint: Path, form: str, serial: bool = False) -> dict[str, 
         "weight_gb": round(int(described["weight_bytes"]) / 1e9, 3),
         # the build's parts: compiling (with the warm-up), capturing the decode and prefill graphs
         **{key: described[key] for key in TIMINGS if key in described},
+        **({"compile_cache": described["compile_cache"]} if cache_root is not None else {}),
     }
 
 
-def run_fresh(checkpoint: Path, form: str, serial: bool = False) -> dict[str, Any]:
-    """``measure_one`` in a new process with empty inductor and Triton caches."""
+def run_fresh(
+    checkpoint: Path, form: str, serial: bool = False, cache_root: Path | None = None
+) -> dict[str, Any]:
+    """``measure_one`` in a new process with empty inductor and Triton caches (with
+    ``cache_root``, the engine's compile cache there instead, empty or not)."""
     with tempfile.TemporaryDirectory(prefix="hymt-ready-") as caches:
         environ = {
             **os.environ,
@@ -131,6 +152,7 @@ def run_fresh(checkpoint: Path, form: str, serial: bool = False) -> dict[str, An
         }
         command = [sys.executable, __file__, "--one", form, "--checkpoint", str(checkpoint)]
         command += ["--serial-one"] if serial else []
+        command += ["--cache-root", str(cache_root)] if cache_root is not None else []
         done = subprocess.run(command, env=environ, capture_output=True, text=True, check=False)
         compiled = triton_compiles(Path(caches) / "triton")
     if done.returncode != 0:
@@ -150,8 +172,50 @@ def triton_compiles(cache: Path) -> dict[str, Any]:
     return {"inductor_kernels": len(names) - sum(ours.values()), "our_kernels": ours}
 
 
+def run_warm_cache(checkpoint: Path, form: str) -> list[dict[str, Any]]:
+    """``form`` built twice, each in a new process, through the engine's compile cache in one
+    fresh root: cold (empty), then warm (what the first left)."""
+    with tempfile.TemporaryDirectory(prefix="hymt-compile-cache-") as root:
+        return [
+            {"cache": state, **run_fresh(checkpoint, form, cache_root=Path(root))}
+            for state in ("cold", "warm")
+        ]
+
+
+def cache_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The ``--warm-cache`` table: each form's cold and warm ready times side by side."""
+    pairs: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        if "cache" in row:
+            pairs.setdefault(row["form"], {})[row["cache"]] = row
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "Through the engine's compile cache (`--warm-cache`): a start with an empty cache, "
+        "then one that reuses it, each in its own process; CUDA graphs are captured at both.",
+        "",
+        "| form | cold ready s | warm ready s | warm / cold | warm: reused | graphs from the "
+        "cache / compiled | warm compile s | warm capture s |",
+        "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |",
+    ]
+    for form, pair in pairs.items():
+        cold, warm = pair.get("cold", {}), pair.get("warm", {})
+        if "ready_s" not in cold or "ready_s" not in warm:
+            lines.append(f"| {form} | failed: see ready.json | | | | | | |")
+            continue
+        cache = warm.get("compile_cache", {})
+        lines.append(
+            f"| {form} | {cold['ready_s']} | {warm['ready_s']} "
+            f"| {warm['ready_s'] / cold['ready_s']:.2f} | {cache.get('reused')} "
+            f"| {cache.get('fx_graph_hits', '')} / {cache.get('fx_graph_misses', '')} "
+            f"| {warm.get('warmup_compile_s', '')} | {warm.get('capture_s', '')} |"
+        )
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
-    rows = report["rows"]
+    rows = [row for row in report["rows"] if "cache" not in row]
     bf16 = {
         r.get("round", 0): r["ready_s"] for r in rows if r["form"] == "none" and "error" not in r
     }
@@ -198,6 +262,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {form} | {len(times)} | {statistics.median(times):.2f} | {median_ratio} "
                 f"| {', '.join(f'{r:.2f}' for r in each)} |"
             )
+    lines += cache_markdown(report["rows"])
     return "\n".join(lines) + "\n"
 
 
@@ -214,11 +279,17 @@ def main() -> None:
         "--rounds", type=int, default=1,
         help="run every form this many times, each round starting one form later",
     )  # fmt: skip
+    parser.add_argument(
+        "--warm-cache", action="store_true",
+        help="then each form cold and warm through the engine's compile cache",
+    )  # fmt: skip
     parser.add_argument("--one", choices=FORMS, help=argparse.SUPPRESS)  # the child process
     parser.add_argument("--serial-one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cache-root", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure_one(args.checkpoint, args.one, args.serial_one)), flush=True)
+        measured = measure_one(args.checkpoint, args.one, args.serial_one, args.cache_root)
+        print(json.dumps(measured), flush=True)
         return
     if args.out is None:
         parser.error("--out is required")
@@ -240,6 +311,12 @@ def main() -> None:
             rows.append({"round": round_, **run_fresh(args.checkpoint, form, serial)})
             print(rows[-1], flush=True)
             # written after every row: a run cut short by a time limit keeps what it measured
+            (args.out / "ready.json").write_text(json.dumps(report, indent=2) + "\n")
+            (args.out / "ready.md").write_text(markdown(report))
+    for form in args.forms if args.warm_cache else []:
+        for row in run_warm_cache(args.checkpoint, form):
+            rows.append(row)
+            print(row, flush=True)
             (args.out / "ready.json").write_text(json.dumps(report, indent=2) + "\n")
             (args.out / "ready.md").write_text(markdown(report))
     print(markdown(report))

@@ -74,3 +74,21 @@ def test_rounds_are_compared_with_bf16_of_their_own_round_and_summarised_by_medi
     assert summary == "| int4+head | 3 | 30.00 | 1.10 | 1.50, 1.10, 1.00 |"
     assert "| none | 3 | 25.00 | 1.00 |" in table
     assert not any(line.startswith("| int8 | ") for line in lines)  # failed: no summary
+
+
+def test_the_warm_cache_table_sets_each_form_s_cold_and_warm_start_side_by_side() -> None:
+    module = ready_time()
+    warm_cache = {"reused": True, "fx_graph_hits": 12, "fx_graph_misses": 0}
+    rows = [
+        {"round": 0, "form": "none", "weight_gb": 15.0, "load_s": 3.0, "build_s": 34.0,
+         "ready_s": 37.0, "inductor_kernels": 33, "our_kernels": {}},
+        {"cache": "cold", "form": "none", "ready_s": 40.0, "compile_cache": {"reused": False}},
+        {"cache": "warm", "form": "none", "ready_s": 10.0, "warmup_compile_s": 2.5,
+         "capture_s": 4.0, "compile_cache": warm_cache},
+        {"cache": "cold", "form": "fp8", "error": "Traceback ..."},
+        {"cache": "warm", "form": "fp8", "ready_s": 12.0},
+    ]  # fmt: skip
+    table = module.markdown({"gpu": "H100", "date": "d", "command": "c", "rows": rows})
+    assert "| none | 40.0 | 10.0 | 0.25 | True | 12 / 0 | 2.5 | 4.0 |" in table
+    assert "| fp8 | failed: see ready.json | | | | | | |" in table
+    assert table.count("| 0 | none |") == 1  # the cache rows stay out of the per-form table
