@@ -1,5 +1,6 @@
 """Document benchmark: one 50-page Markdown document through TorchServe as one request, against a
-client that sends it one paragraph per request (one at a time, and with concurrent threads).
+client that sends it one paragraph per request (one at a time, and with concurrent threads); and a
+50-page DOCX manual and a 40-slide PPTX deck, each as one request.
 
 In one run: save a 7B-shaped random-weight model (the serving benchmark's), serve it through the
 real package (the GPU profile: TorchServe's async mode with the continuous batcher, token auth
@@ -11,7 +12,16 @@ times each:
   generates every segment together and rebuilds it);
 - ``paragraphs-1``: each paragraph (blank-line separated block outside fenced code) as one
   ``text`` request, one after another (what a simple script does);
-- ``paragraphs-N``: the same requests from ``--threads`` threads at once.
+- ``paragraphs-N``: the same requests from ``--threads`` threads at once;
+- ``docx`` and ``pptx``: one request each, the file in base64 (:mod:`office_documents` builds
+  them); the reply's file must open with python-docx / python-pptx and have every member
+  outside the translated parts (images included) byte-identical.
+
+``--documents`` picks which documents run (the paragraph modes come with ``markdown``). The
+time spent outside the model (the handler's parsing, splitting, tags and rebuilding: it reports
+no timings of its own) is measured in this process on the same documents, with the model's
+tokenizer counting tokens as the handler does, and a translation that gives each tagged
+segment back: ``handler_s`` in the table, ``outside_share`` its part of the median end-to-end.
 
 Output lengths follow one rule for every path (random weights never choose EOS): 8 + 1.2 x the
 text's tokens (the server's ``document_length_factor`` is set to 1.2 for the run). The replies'
@@ -21,21 +31,26 @@ lines) must come back in order.
 
     PYTHONPATH=handler:loadtest/serving python benchmarks/documents/bench_documents.py --out DIR
     PYTHONPATH=handler:loadtest/serving python benchmarks/documents/bench_documents.py --tiny \
-        --pages 3 --out DIR
+        --pages 3 --slides 6 --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime
+import functools
 import json
 import math
 import random
+import re
 import statistics
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,9 +58,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "handler"), str(REPO / "loadtest/serving")]
 
+from office_documents import check_package, make_docx, make_pptx  # noqa: E402
 from run_bench import GpuSampler, build_model  # noqa: E402
 
 MODEL = "hunyuan-mt"
+DOCUMENTS = ("markdown", "docx", "pptx")
+TAG = re.compile(r"<[^>]*>")  # an Office segment's run tags, not words
 LENGTH_FACTOR = 1.2
 WORDS = (  # noqa: SIM905
     "the server model request batch token engine worker queue memory document segment page "
@@ -139,33 +157,96 @@ def literal_pieces_in_order(source_pieces: list[str], translated: str) -> bool:
     return True
 
 
+Measure = Callable[[str], int]
+
+
+def handler_side(text: str, kind: str, tokens: Measure, budget: int) -> dict[str, float]:
+    """Seconds the handler spends on a document outside the model, timed in this process (the
+    handler reports none; best of 3): ``split`` (for an Office file also base64, unzip, XML and
+    units) with the tokenizer counting, ``tags`` (each segment's markup to tags, and its
+    tokens: the prompt's bulk) and ``rebuild`` (each tagged segment given back as its
+    translation, tags restored, the document or package written, in base64 for a file)."""
+    from hymt_serve.request.documents import MARKUP_KIND, split_document
+    from hymt_serve.request.markup import restore, to_tags
+
+    best: dict[str, float] = {}
+    for _ in range(3):
+        started = time.perf_counter()
+        split = split_document(text, kind, budget=budget, measure=tokens, language="en",
+                               target="de")  # fmt: skip
+        split_done = time.perf_counter()
+        tagged = [to_tags(s, MARKUP_KIND[kind], tags_in_text=True) for s in split.segments]
+        for segment, _ in tagged:
+            tokens(segment)
+        tags_done = time.perf_counter()
+        split.assemble([restore(segment, markup, keep_lost=True)[0] for segment, markup in tagged])
+        seconds = {
+            "split": split_done - started,
+            "tags": tags_done - split_done,
+            "rebuild": time.perf_counter() - tags_done,
+        }
+        seconds["total"] = sum(seconds.values())
+        if not best or seconds["total"] < best["total"]:
+            best = seconds
+    return {name: round(value, 3) for name, value in best.items()}
+
+
+def office_file(kind: str, args: argparse.Namespace) -> bytes:
+    if kind == "docx":
+        return make_docx(args.pages, footnotes=not args.no_footnotes)
+    return make_pptx(args.slides)
+
+
+def document_facts(
+    kind: str, text: str, tokens: Measure, args: argparse.Namespace
+) -> tuple[Any, dict[str, Any]]:
+    """The document split as the server will split it, and what to say about it."""
+    from hymt_serve.request.documents import split_document
+
+    split = split_document(text, kind, budget=args.segment_tokens, measure=tokens,
+                           language="en", target="de")  # fmt: skip
+    if kind == "markdown":
+        size = {"characters": len(text), "pages": args.pages}
+    else:
+        data = base64.b64decode(text)
+        size = {"bytes": len(data), "pages" if kind == "docx" else "slides":
+                args.pages if kind == "docx" else args.slides}  # fmt: skip
+    facts = {
+        **size,
+        "words": sum(len(TAG.sub(" ", s).split()) for s in split.segments),
+        "segments": len(split.segments),
+        "source_tokens": sum(tokens(s) for s in split.segments),
+        "handler_s": handler_side(text, kind, tokens, args.segment_tokens),
+    }
+    return split, facts
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from hymt_serve.core.settings import Settings
     from hymt_serve.engine.codec import TokenCodec
     from hymt_serve.ops.archive import build_archive
     from hymt_serve.ops.launcher import start, stop, wait_ready
-    from hymt_serve.request.documents import split_document
 
     work = Path(args.work or tempfile.mkdtemp(prefix="hymt-docbench-"))
     model_dir = build_model(Path(args.model_dir), Path(args.tokenizer), args.tiny)
-    document = make_document(args.pages)
-    blocks = paragraphs(document)
     codec = TokenCodec.load(Settings.from_mapping({"model_path": str(model_dir)}, environ={}))
     empty = len(codec.encode(""))
 
     def tokens(text: str) -> int:
         return len(codec.encode(text)) - empty
 
-    split = split_document(
-        document, "markdown", budget=args.segment_tokens, measure=tokens, language="en"
-    )
-    facts = {
-        "characters": len(document),
-        "pages": args.pages,
-        "segments": len(split.segments),
-        "paragraph_requests": len(blocks),
-        "source_tokens": sum(tokens(s) for s in split.segments),
+    texts = {
+        kind: make_document(args.pages)
+        if kind == "markdown"
+        else base64.b64encode(office_file(kind, args)).decode("ascii")
+        for kind in args.documents
     }
+    splits, facts = {}, {}
+    for kind, text in texts.items():
+        splits[kind], facts[kind] = document_facts(kind, text, tokens, args)
+    blocks = paragraphs(texts["markdown"]) if "markdown" in texts else []
+    if blocks:
+        facts["markdown"]["paragraph_requests"] = len(blocks)
     print(json.dumps(facts), flush=True)
     profile = "cpu" if args.tiny else "gpu"
     overrides: dict[str, Any] = {
@@ -191,21 +272,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         headers = server.headers("inference")
         post(url, {"text": "Warm up.", "target_lang": "de"}, headers)
 
-        def one_document() -> dict[str, Any]:
-            reply = post(
-                url,
-                {"document": document, "format": "markdown", "target_lang": "de",
-                 "source_lang": "en"},
-                headers,
-            )  # fmt: skip
-            return {
+        def one_document(kind: str) -> dict[str, Any]:
+            body = {"document": texts[kind], "format": kind, "target_lang": "de",
+                    "source_lang": "en"}  # fmt: skip
+            try:
+                reply = post(url, body, headers)
+            except urllib.error.HTTPError as error:  # recorded: the other modes still run
+                detail = error.read()[:300].decode("utf-8", "replace")
+                return {"output_tokens": 0, "requests": 1, "segments": 0, "structure_kept": False,
+                        "error": f"HTTP {error.code}: {detail}"}  # fmt: skip
+            outcome = {
                 "output_tokens": reply["usage"]["output_tokens"],
                 "requests": 1,
-                "structure_kept": literal_pieces_in_order(
-                    list(split.pieces[0::2]), reply["document"]
-                ),
                 "segments": reply["segments"],
             }
+            if kind == "markdown":
+                pieces = list(splits[kind].pieces[0::2])
+                outcome["structure_kept"] = literal_pieces_in_order(pieces, reply["document"])
+                return outcome
+            source = base64.b64decode(texts[kind])
+            check = check_package(source, base64.b64decode(reply["document"]), kind)
+            outcome["structure_kept"] = bool(
+                check["same_members_in_order"]
+                and check["only_text_parts_changed"]
+                and check["images_identical"]
+            )
+            return outcome | {"package": check}
 
         def one_paragraph(text: str) -> int:
             body = {
@@ -221,11 +313,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 produced = list(pool.map(one_paragraph, blocks))
             return {"output_tokens": sum(produced), "requests": len(produced)}
 
-        modes = {
-            "document": one_document,
-            "paragraphs-1": lambda: by_paragraph(1),
-            f"paragraphs-{args.threads}": lambda: by_paragraph(args.threads),
-        }
+        modes: dict[str, Callable[[], dict[str, Any]]] = {}
+        for kind in args.documents:
+            modes["document" if kind == "markdown" else kind] = functools.partial(
+                one_document, kind
+            )
+            if kind == "markdown":
+                modes["paragraphs-1"] = lambda: by_paragraph(1)
+                modes[f"paragraphs-{args.threads}"] = lambda: by_paragraph(args.threads)
         rows = []
         for round_ in range(args.rounds):
             for mode, call in modes.items():
@@ -252,15 +347,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             (work / "describe.json").write_bytes(response.read())
     finally:
         stop(server)
-    return {"document": facts, "rows": rows, "summary": summarise(rows)}
+    return {"documents": facts, "rows": rows, "summary": summarise(rows, facts)}
 
 
-def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+# The document each one-request mode sends (whose handler_s it is).
+MODE_DOCUMENT = {"document": "markdown", "docx": "docx", "pptx": "pptx"}
+
+
+def summarise(rows: list[dict[str, Any]], facts: dict[str, Any]) -> list[dict[str, Any]]:
     summary = []
-    document = statistics.median(r["seconds"] for r in rows if r["mode"] == "document")
+    markdown = [r["seconds"] for r in rows if r["mode"] == "document"]
+    document = statistics.median(markdown) if markdown else None
     for mode in dict.fromkeys(r["mode"] for r in rows):
         mine = [r for r in rows if r["mode"] == mode]
         median = statistics.median(r["seconds"] for r in mine)
+        handler = (
+            facts[MODE_DOCUMENT[mode]]["handler_s"]["total"] if mode in MODE_DOCUMENT else None
+        )
         summary.append(
             {
                 "mode": mode,
@@ -270,8 +373,11 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "max_s": max(r["seconds"] for r in mine),
                 "requests": mine[0]["requests"],
                 "output_tokens": mine[0]["output_tokens"],
-                "vs_document": round(median / document, 2),
+                "vs_document": round(median / document, 2) if document else "-",
+                "handler_s": "-" if handler is None else handler,
+                "outside_share": "-" if handler is None else f"{handler / median:.1%}",
                 "structure_kept": all(r.get("structure_kept", True) for r in mine),
+                "failed": sum("error" in r for r in mine),
             }
         )
     return summary
@@ -281,13 +387,24 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     columns = ["mode", "runs", "median_s", "min_s", "max_s", "requests", "output_tokens",
-               "vs_document", "structure_kept"]  # fmt: skip
+               "vs_document", "handler_s", "outside_share", "structure_kept", "failed"]  # fmt: skip
     head = "| " + " | ".join(columns) + " |\n|" + " --- |" * len(columns) + "\n"
     lines = ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in result["summary"]]
-    facts = ", ".join(f"{k} {v}" for k, v in result["document"].items())
+    documents = "".join(
+        f"- {kind}: " + ", ".join(f"{k} {v}" for k, v in facts.items()) + "\n"
+        for kind, facts in result["documents"].items()
+    )
+    checks = "".join(
+        f"- {row['mode']} round {row['round']}: {row.get('package') or row['error']}\n"
+        for row in result["rows"]
+        if "package" in row or "error" in row
+    )
     (out / "results.md").write_text(
         f"# Document benchmark: {result['gpu']}, {result['date']}\n\n`{result['command']}`\n\n"
-        f"Document: {facts}.\n\n" + head + "\n".join(lines) + "\n"
+        f"Documents (handler_s: seconds outside the model, timed in-process):\n\n{documents}\n"
+        + head
+        + "\n".join(lines)
+        + (f"\n\nTranslated packages (and failures):\n\n{checks}" if checks else "\n")
     )
     plot(out, result)
 
@@ -305,7 +422,9 @@ def plot(out: Path, result: dict[str, Any]) -> None:
     for index, value in enumerate(medians):
         axis.text(index, value, f"{value:g} s", ha="center", va="bottom")
     axis.set_ylabel("seconds for the whole document (median)")
-    axis.set_title(f"{result['document']['characters']:,} characters of Markdown, {result['gpu']}")
+    axis.set_title(
+        f"50-page documents, one request each (and Markdown by paragraph), {result['gpu']}"
+    )
     fig.tight_layout()
     fig.savefig(out / "documents.png", dpi=120)
 
@@ -317,13 +436,23 @@ def main() -> None:
     parser.add_argument("--model-dir", default="/tmp/hymt-7b-random")
     parser.add_argument("--tokenizer", default=str(REPO.parent / "shared/hunyuan-tokenizer"))
     parser.add_argument("--work", default=None)
-    parser.add_argument("--pages", type=int, default=50)
+    parser.add_argument(
+        "--documents",
+        type=lambda text: tuple(text.split(",")),
+        default=DOCUMENTS,
+        help="comma-separated, of " + ",".join(DOCUMENTS),
+    )
+    parser.add_argument("--pages", type=int, default=50, help="of the Markdown and DOCX documents")
+    parser.add_argument("--slides", type=int, default=40, help="of the PPTX deck")
+    parser.add_argument("--no-footnotes", action="store_true", help="a DOCX without footnotes")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sequential-rounds", type=int, default=1)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--segment-tokens", type=int, default=256)
     parser.add_argument("--cap", type=int, default=512, help="max_new_tokens per text")
     args = parser.parse_args()
+    if unknown := set(args.documents) - set(DOCUMENTS):
+        parser.error(f"--documents: unknown {sorted(unknown)}, choose from {DOCUMENTS}")
     result = run(args)
     gpu = "CPU (tiny model)"
     if not args.tiny:
