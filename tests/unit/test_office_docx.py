@@ -47,6 +47,21 @@ def test_the_same_text_back_gives_the_same_bytes() -> None:
     assert members(translate_office(source, "docx", lambda text: text)) == members(source)
 
 
+def test_a_paragraph_that_starts_with_a_code_is_rebuilt_once() -> None:
+    """A paragraph whose first run holds no text (a tab here; a footnote's own marker run in
+    every Word footnote) is a code at the paragraph's very start: rebuilding that code's bytes
+    must not render the paragraph around it again (that recursed without end)."""
+    document = docx.Document()
+    paragraph = document.add_paragraph()
+    paragraph.add_run().add_tab()
+    paragraph.add_run("Some words here.")
+    saved = io.BytesIO()
+    document.save(saved)
+    result = translate_office(saved.getvalue(), "docx", mark_words)
+    [read] = [p for p in docx.Document(io.BytesIO(result)).paragraphs if p.text.strip()]
+    assert read.text == "\t" + mark_words("Some words here.")
+
+
 def _spans(data: bytes) -> tuple[Counter[str], Counter[str]]:
     """Run properties of the runs that hold text, and hyperlinks' relationship ids."""
     body = members(data)["word/document.xml"].decode()

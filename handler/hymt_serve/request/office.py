@@ -232,8 +232,14 @@ class _Rebuild:
         while index < len(self.found) and self.found[index].span[0] < end:
             paragraph = self.found[index]
             index += 1
-            if paragraph.span[0] < position or paragraph.span == (begin, end):
-                continue  # inside one rewritten already, or the one asking for its own bytes
+            if (
+                paragraph.span[0] < position
+                or paragraph.span == (begin, end)
+                or paragraph.span[1] > end
+            ):
+                # inside one rewritten already, or the paragraph asking for its own bytes or
+                # for a code of its own (one at its very start begins where it does)
+                continue
             out += (self.data[position : paragraph.span[0]], self._render(index - 1))
             position = paragraph.span[1]
         out.append(self.data[position:end])
