@@ -56,19 +56,19 @@ def add_parsers(sub: Any, workdir_help: str) -> None:
 
 
 def database_url(args: argparse.Namespace) -> str:
-    from hymt_serve.web.database import default_url
+    from hymt_serve.web.database import default_url  # SQLAlchemy: only for these commands
 
     return str(args.database_url or default_url(args.workdir))
 
 
 def key_file(args: argparse.Namespace) -> Path:
-    from hymt_serve.web.key_file import KEYS_FILE
+    from hymt_serve.web.key_file import KEYS_FILE  # the web package: only for these commands
 
     return Path(args.client_keys or args.workdir / KEYS_FILE)
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from hymt_serve.web.database import revision, shown
+    from hymt_serve.web.database import revision, shown  # SQLAlchemy: only for these commands
 
     store = _store(args)
     if store is None:
@@ -102,7 +102,7 @@ def cmd_keys_add(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_remove(args: argparse.Namespace) -> int:
-    from hymt_serve.web.key_store import FROM_FILE
+    from hymt_serve.web.key_store import FROM_FILE  # SQLAlchemy: only for these commands
 
     store = _store(args)
     if store is None:
@@ -119,9 +119,10 @@ def cmd_keys_remove(args: argparse.Namespace) -> int:
 def _store(args: argparse.Namespace) -> KeyStore | None:
     """The migrated database's key store with the key file imported; None (and a message)
     for a bad URL, an unreachable database or a bad key file."""
+    # SQLAlchemy and the web package load only for these commands
     from sqlalchemy.exc import SQLAlchemyError
 
-    from hymt_serve.web import database
+    from hymt_serve.web import database  # (the same)
     from hymt_serve.web.key_store import KeyStore
 
     url = database_url(args)

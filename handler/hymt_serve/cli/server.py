@@ -170,6 +170,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     # Starlette, uvicorn and the web package load only for this command (start-up of the others).
     from sqlalchemy.exc import SQLAlchemyError
 
+    # the web package and the database layer it imports: the same start-up cost
     from hymt_serve.cli.database import database_url
     from hymt_serve.core.errors import ConfigurationError
     from hymt_serve.web.app import create_app, is_loopback

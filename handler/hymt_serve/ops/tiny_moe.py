@@ -191,6 +191,7 @@ def write_moe_fp8_checkpoint(source: Path, out: Path, prompts: list[list[int]]) 
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
+    # torch again, through the engine's kernels (seconds): only when writing a checkpoint
     from hymt_serve.engine.kernels.quantized import FP8_MAX, quantize_tensor
     from hymt_serve.ops.quantize import _copy_folder
 
@@ -230,7 +231,7 @@ def _input_peaks(model: Any, prompts: list[list[int]]) -> dict[str, Any]:
     """The largest absolute input of every projection (by module name) over ``prompts``;
     for each mixture's experts (``...mlp.experts``) their common input, and
     (``...mlp.experts.down``) each expert's largest down input over every token."""
-    import torch
+    import torch  # seconds: see build_moe_tokenizer
     import torch.nn.functional as F
 
     seen: dict[str, Any] = {}
