@@ -210,11 +210,30 @@ def test_the_validation_can_fail() -> None:
         (["--set", "torchserve.config.management_address=http://0.0.0.0:8081"], "sets TorchServe"),
         (["--set", "torchserve.config.metrics_address=http://0.0.0.0:8082"], "sets TorchServe"),
         (["--set", "kserve.enabled=true,torchserve.exposeDirect=true"], "is for the Deployment"),
-        (["--set", "autoscaling.enabled=true,metrics.expose=false"], "needs metrics.expose"),
+        (
+            [
+                "--set",
+                "autoscaling.enabled=true,metrics.expose=false,web.database.existingSecret=pg",
+            ],
+            "needs metrics.expose",
+        ),
         (["--set", "web.existingSecret="], "web.existingSecret is required"),
         (["--set", "web.enabled=false"], "web.enabled was removed"),
         (["--set", "web.threads=64"], "web.threads was removed"),
         (["--set-json", "networkPolicy.extraMetricsFrom=[]"], "renamed networkPolicy.metricsFrom"),
+        (["--set", "replicas=2"], "several replicas need web.database.existingSecret"),
+        (
+            ["--set", "autoscaling.enabled=true"],
+            "several replicas need web.database.existingSecret",
+        ),
+        (
+            ["--set", "replicas=2,web.database.sqliteClaim=db"],
+            "several replicas need web.database.existingSecret",
+        ),
+        (
+            ["--set", "web.database.existingSecret=pg,web.database.sqliteClaim=db"],
+            "not both",
+        ),
     ],
 )
 def test_bad_values_are_refused(args: list[str], says: str) -> None:
@@ -324,7 +343,17 @@ def test_config_overrides_replace_in_place_and_add_at_the_end() -> None:
 
 @pytest.mark.parametrize("name", VALUES)
 def test_no_key_material_only_secret_references(name: str) -> None:
-    text = json.dumps(rendered(name))
+    references: list[dict[str, Any]] = []  # secretKeyRef: a Secret's name and its key's name
+    text = json.dumps(rendered(name), default=str)
+    for document in rendered(name):
+        references += _secret_key_refs(document)
+    for reference in references:
+        text = text.replace(json.dumps(reference), "")
+    assert [ref["name"] for ref in references] == (
+        [values_of(name)["web"]["database"]["existingSecret"]]
+        if values_of(name)["web"]["database"]["existingSecret"]
+        else []
+    )
     assert "Secret" not in [doc["kind"] for doc in rendered(name)]
     for leak in ("key_file.json", "Bearer", '"key":', "disable_token_authorization=true"):
         assert leak not in text, leak
@@ -334,6 +363,15 @@ def test_no_key_material_only_secret_references(name: str) -> None:
     assert references == ([{"secretRef": {"name": secret}}] if secret else [])
     secrets = [v["secret"]["secretName"] for v in pod_spec(name)["volumes"] if "secret" in v]
     assert secrets == [values_of(name)["web"]["existingSecret"]]  # the front end's client keys
+
+
+def _secret_key_refs(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, dict):
+        found = [node["secretKeyRef"]] if "secretKeyRef" in node else []
+        return found + [ref for value in node.values() for ref in _secret_key_refs(value)]
+    if isinstance(node, list):
+        return [ref for item in node for ref in _secret_key_refs(item)]
+    return []
 
 
 def test_model_from_a_claim_or_copied_by_an_init_container() -> None:
@@ -381,6 +419,35 @@ def test_the_compile_cache_is_on_its_volume_where_the_engine_looks(name: str) ->
         assert "subPath" not in mount
     front = front_end(name)  # the front end neither compiles nor sees the cache
     assert all(m["name"] != "compile-cache" for m in front.get("volumeMounts", []))
+
+
+@pytest.mark.parametrize("name", list(VALUES))
+def test_the_keys_database_is_postgresql_from_a_secret_or_sqlite_on_a_claim(name: str) -> None:
+    """The front end's $HYMT_DATABASE_URL (docs/database.md): PostgreSQL's URL from the
+    Secret's key (several replicas count together), or SQLite on the claim mounted where the
+    URL points; neither: the default SQLite file in the pod's run folder (no variable)."""
+    database = values_of(name)["web"]["database"]
+    web = front_end(name)
+    env = {e["name"]: e for e in web.get("env", [])}
+    mounts = {m["name"]: m for m in web["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(name)["volumes"]}
+    if database["existingSecret"]:
+        assert env["HYMT_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+            "name": database["existingSecret"], "key": database["secretKey"],
+        }  # fmt: skip
+        assert "database" not in mounts and "database" not in volumes
+    elif database["sqliteClaim"]:
+        url = env["HYMT_DATABASE_URL"]["value"]
+        assert url == f"sqlite:///{mounts['database']['mountPath']}/hymt.db"
+        assert mounts["database"].get("readOnly", False) is False
+        assert volumes["database"]["persistentVolumeClaim"] == {
+            "claimName": database["sqliteClaim"]
+        }
+    else:
+        assert "HYMT_DATABASE_URL" not in env and "database" not in mounts
+    assert all(
+        e["name"] != "HYMT_DATABASE_URL" for e in server_container(name).get("env", [])
+    )  # TorchServe's container never sees the URL
 
 
 def test_hpa_scales_on_requests_in_flight_per_gpu() -> None:
@@ -536,6 +603,8 @@ def test_kserve_runs_the_same_pod_instead_of_the_deployment() -> None:
     (isvc,) = of_kind("kserve", "InferenceService")
     assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
     ours, theirs = front_end("default"), front_end("kserve")
+    # the same front end, but for the keys' database that KServe's replicas share
+    assert "env" not in ours and [e["name"] for e in theirs.pop("env")] == ["HYMT_DATABASE_URL"]
     assert {**theirs, "name": "web"} == ours
     ours, theirs = server_container("default"), server_container("kserve")
     for key in ("image", "env", "ports", "startupProbe", "readinessProbe", "livenessProbe",

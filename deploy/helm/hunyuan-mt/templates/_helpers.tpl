@@ -66,6 +66,14 @@ would otherwise be ignored without a word (Helm does not check keys).
 {{- if hasKey .Values.networkPolicy "extraMetricsFrom" -}}
 {{- fail "networkPolicy.extraMetricsFrom was renamed networkPolicy.metricsFrom: the only peers admitted to port 8082" -}}
 {{- end -}}
+{{- $database := .Values.web.database -}}
+{{- $several := or (gt (int .Values.replicas) 1) .Values.autoscaling.enabled (and .Values.kserve.enabled (gt (int .Values.kserve.maxReplicas) 1)) -}}
+{{- if and $database.existingSecret $database.sqliteClaim -}}
+{{- fail "web.database: existingSecret (PostgreSQL) or sqliteClaim (SQLite), not both" -}}
+{{- end -}}
+{{- if and $several (not $database.existingSecret) -}}
+{{- fail "several replicas need web.database.existingSecret, a Secret with a PostgreSQL URL: each pod's own SQLite would count the keys' usage apart (docs/database.md)" -}}
+{{- end -}}
 {{- if and .Values.kserve.enabled .Values.torchserve.exposeDirect -}}
 {{- fail "torchserve.exposeDirect is for the Deployment: KServe's Service routes to the predictor's first container, the front end, which answers the whole v2 protocol" -}}
 {{- end -}}
@@ -199,6 +207,11 @@ read-only root. */}}
   secret:
     secretName: {{ required "web.existingSecret is required: the Secret with web_keys.json, the front end's client keys" .Values.web.existingSecret }}
     defaultMode: 0440
+{{- with .Values.web.database.sqliteClaim }}
+- name: database
+  persistentVolumeClaim:
+    claimName: {{ . }}
+{{- end }}
 {{- end -}}
 
 {{/* The TorchServe container (Deployment and KServe predictor alike). It declares only the
@@ -344,6 +357,21 @@ every TorchServe worker READY and no drain under way). It drains with the pod. *
   image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   command: ["hymt", "web", "--host", "0.0.0.0", "--port", {{ .Values.web.port | quote }}, "--workdir", {{ $workdir | quote }}]
+  {{- with .Values.web.database }}
+  {{- if or .existingSecret .sqliteClaim }}
+  env:
+    # The keys' database (docs/database.md): PostgreSQL from the Secret, or SQLite on the claim.
+    - name: HYMT_DATABASE_URL
+      {{- if .existingSecret }}
+      valueFrom:
+        secretKeyRef:
+          name: {{ .existingSecret }}
+          key: {{ .secretKey }}
+      {{- else }}
+      value: {{ printf "sqlite:///%s/hymt.db" .sqliteMountPath | quote }}
+      {{- end }}
+  {{- end }}
+  {{- end }}
   ports:
     - name: web
       containerPort: {{ .Values.web.port }}
@@ -381,6 +409,10 @@ every TorchServe worker READY and no drain under way). It drains with the pod. *
       readOnly: true
     - name: tmp
       mountPath: /tmp
+    {{- if .Values.web.database.sqliteClaim }}
+    - name: database
+      mountPath: {{ .Values.web.database.sqliteMountPath }}
+    {{- end }}
 {{- end -}}
 
 
