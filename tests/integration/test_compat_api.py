@@ -172,9 +172,13 @@ def test_deepl_client_translates_documents(
 def test_deepl_document_errors(front: tuple[str, str], tmp_path: Path) -> None:
     url, key = front
     client = deepl.Translator(key, server_url=url)
-    word = tmp_path / "report.docx"
-    word.write_bytes(b"PK\x03\x04")
+    pdf = tmp_path / "report.pdf"
+    pdf.write_bytes(b"%PDF-1.7\n")
     with pytest.raises(deepl.DeepLException, match="unsupported file type"):
+        client.translate_document_from_filepath(pdf, tmp_path / "x.pdf", target_lang="DE")
+    word = tmp_path / "report.docx"  # a supported type, but no Office package: its status says
+    word.write_bytes(b"PK\x03\x04")
+    with pytest.raises(deepl.DocumentTranslationException, match="not a ZIP package"):
         client.translate_document_from_filepath(word, tmp_path / "x.docx", target_lang="DE")
     broken = tmp_path / "broken.srt"
     broken.write_text("1\nnot a timing line\nHi\n")
