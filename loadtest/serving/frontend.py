@@ -97,6 +97,7 @@ def write_key_file(folder: Path) -> tuple[Path, str]:
         json.dumps({"keys": [{"name": KEY_NAME, "key": key, "character_limit": NO_QUOTA}]})
     )
     path.chmod(0o600)
+    (folder / "web_usage.json").unlink(missing_ok=True)  # a former run's counts
     return path, key
 
 
