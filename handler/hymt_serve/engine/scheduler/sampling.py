@@ -6,11 +6,15 @@ device values instead.)
 Semantics follow transformers' logits processors for one row at a time: greedy rows take the
 argmax of the raw logits; sampled rows apply the repetition penalty over prompt and generated
 tokens (divide positive logits, multiply negative ones), then temperature, top-k, top-p, and
-draw. The draw uses the exponential trick (argmax of p / E with E ~ Exp(1)), which samples from
-p without the host sync of ``torch.multinomial``'s checks; it uses torch's default generator, so
+draw. The draw uses the exponential trick (argmax of p / E with E ~ Exp(1), taken as the argmax
+of log p - log E so that softmax's normaliser plays no part), which samples from p without the
+host sync of ``torch.multinomial``'s checks; it uses torch's default generator, so
 ``torch.manual_seed`` makes it reproducible. A row with a ``seed`` draws its E from a hash of
-the seed, the token's position in its output and the candidate's rank instead: the same
-tokens for the same logits, whatever rows share its batch.
+the seed, the token's position in its output and the candidate's token id instead: the same
+tokens for the same logits, whatever rows share its batch. Keyed by token id, not by the
+candidate's rank after sorting, a draw is a continuous function of the logits: float
+differences between batch shapes far below the logits' spread reorder near-tied candidates
+(often, in a vocabulary of 128k) but change the token only at a near-tie of log p - log E.
 """
 
 from __future__ import annotations
@@ -140,20 +144,38 @@ def sample_next(
         penalised = torch.where(scores > 0, scores / penalty, scores * penalty)
         scores = torch.where(seen, penalised, scores)
     scores = scores / batch.temperature[:, None]
-    values, indices = scores.topk(batch.candidates, dim=-1)
+    values, indices = _candidates(scores, batch.candidates, stable=batch.any_seeded)
     ranks = torch.arange(batch.candidates, device=logits.device)
     values = values.masked_fill(ranks[None, :] >= batch.top_k[:, None], float("-inf"))
     probs = values.softmax(-1)
     before = probs.cumsum(-1) - probs
-    probs = probs.masked_fill(before >= batch.top_p[:, None], 0.0)
+    values = values.masked_fill(before >= batch.top_p[:, None], float("-inf"))
     noise = torch.empty_like(probs).exponential_()
     if batch.any_seeded:
         at = positions if positions is not None else torch.zeros_like(batch.seed)
-        noise = torch.where(batch.seeded[:, None], seeded_exponential(batch.seed, at, probs), noise)
-    noise = noise.clamp_min_(1e-20)
-    choice = (probs / noise).argmax(-1, keepdim=True)
+        keyed = seeded_exponential(batch.seed, at, indices)
+        noise = torch.where(batch.seeded[:, None], keyed, noise)
+    # argmax of p / E, the same as of log p - log E = values - log E up to softmax's
+    # normaliser, which is one constant a row and whose rounding depends on the batch's width.
+    choice = (values - noise.clamp_min_(1e-20).log()).argmax(-1, keepdim=True)
     sampled = indices.gather(1, choice).squeeze(1)
     return torch.where(batch.greedy, greedy, sampled)
+
+
+def _candidates(scores: Tensor, count: int, *, stable: bool) -> tuple[Tensor, Tensor]:
+    """The ``count`` best scores of each row and their token ids, best first. ``stable``: tied
+    scores in token id order, so that which of tied tokens make the top-k cut is decided by
+    the values alone (topk's choice among ties may follow the batch's shape). The order comes
+    from one int64 key per token, the score's bits ordered as the floats are above the
+    complement of the token id: distinct keys, one topk, no full sort."""
+    if not stable:
+        return scores.topk(count, dim=-1)
+    bits = (scores + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0, the same score
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: magnitude bits flipped
+    tokens = torch.arange(scores.shape[-1], device=scores.device, dtype=torch.int64)
+    keys = (ordered.to(torch.int64) << 32) | (_LOW32 - tokens)
+    indices = keys.topk(count, dim=-1).indices
+    return scores.gather(1, indices), indices
 
 
 _LOW32 = 0xFFFFFFFF
@@ -176,17 +198,18 @@ def _mix(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def seeded_exponential(seed: Tensor, position: Tensor, like: Tensor) -> Tensor:
-    """Exp(1) noise ``[B, C]`` shaped as ``like``, decided by each row's ``seed [B]`` (int64), its
-    ``position [B]`` and the candidate's rank alone: a counter-based generator, so a row's draws
-    never depend on the other rows of its batch or on torch's generator state."""
+def seeded_exponential(seed: Tensor, position: Tensor, tokens: Tensor) -> Tensor:
+    """Exp(1) noise ``[B, C]`` (fp32) for the candidates ``tokens [B, C]`` (int64 token ids),
+    decided by each row's ``seed [B]`` (int64), its ``position [B]`` and the token id alone: a
+    counter-based generator, so a row's draws never depend on the other rows of its batch, on
+    where its candidates sort or on torch's generator state. A token's noise is the same
+    whatever rank it takes: the rank of near-tied candidates follows float rounding."""
     key = _mix((seed & _LOW32) ^ 0x9E3779B9)
     key = _mix(key ^ ((seed >> 32) & _LOW32))
     key = _mix(key ^ (position & _LOW32))
-    ranks = torch.arange(like.shape[-1], device=like.device, dtype=torch.int64)
-    bits = _mix(key[:, None] ^ _mix(ranks + 0x632BE5AB)[None, :])
+    bits = _mix(key[:, None] ^ _mix((tokens + 0x632BE5AB) & _LOW32))
     uniform = (bits.to(torch.float64) + 0.5) / 2.0**32  # in (0, 1)
-    return (-uniform.log()).to(like.dtype)
+    return (-uniform.log()).to(torch.float32)
 
 
 def record_tokens(batch: RowSampling, rows: Tensor, tokens: Tensor) -> None:
