@@ -338,7 +338,7 @@ def with_seed(params: SamplingParams, seed: int) -> SamplingParams:
 
 
 def test_seeded_draws_follow_the_distribution_too() -> None:
-    """Rows with a seed draw their noise from a hash of seed, position and rank, not from
+    """Rows with a seed draw their noise from a hash of seed, position and token id, not from
     torch's generator: over many seeds the tokens still follow transformers' distribution."""
     params = knobs(1.0, 0, 1.0)
     rows = [GenerationRow((), 16, with_seed(params, seed)) for seed in range(DRAWS)]

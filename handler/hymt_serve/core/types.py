@@ -35,8 +35,10 @@ class SamplingParams:
     top_p: float = 0.6
     top_k: int = 20
     repetition_penalty: float = 1.05
-    # A row with a seed draws from noise that only the seed and the token's position decide
-    # (the same tokens whatever else is in the batch); None: torch's default generator.
+    # A row with a seed draws from noise that only the seed, the token's position and each
+    # candidate's token id decide: the same tokens whatever else is in the batch, as long as
+    # its logits are the same (another batch shape may round them apart: docs/openai.md);
+    # None: torch's default generator.
     seed: int | None = None
 
 
