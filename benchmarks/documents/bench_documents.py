@@ -58,24 +58,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "handler"), str(REPO / "loadtest/serving")]
 
-from office_documents import check_package, make_docx, make_pptx  # noqa: E402
+from office_documents import WORDS, check_package, make_docx, make_pptx  # noqa: E402
 from run_bench import GpuSampler, build_model  # noqa: E402
 
 MODEL = "hunyuan-mt"
 DOCUMENTS = ("markdown", "docx", "pptx")
 TAG = re.compile(r"<[^>]*>")  # an Office segment's run tags, not words
 LENGTH_FACTOR = 1.2
-WORDS = (  # noqa: SIM905
-    "the server model request batch token engine worker queue memory document segment page "
-    "language translation sentence paragraph result answer user client system time second "
-    "step speed limit number value field name file folder format table list code example "
-    "reply error status health metric graph kernel layer weight cache prompt template output "
-    "input text word line block heading link image release version update change feature "
-    "test check run start stop load save read write send wait keep make take give show find "
-    "use need want know think see come go get put set turn move hold bring begin end build "
-    "quick slow large small long short early late new old good best first last next every "
-    "each many few most some all other same different simple clear real whole open careful"
-).split()
 
 
 def sentence(rng: random.Random) -> str:

@@ -44,7 +44,7 @@ from pptx.enum.chart import XL_CHART_TYPE
 from pptx.slide import Slide
 from pptx.util import Inches as SlideInches
 
-WORDS = (  # noqa: SIM905 (the Markdown document's vocabulary)
+WORDS = (  # noqa: SIM905 (the vocabulary of every document the benchmark builds)
     "the server model request batch token engine worker queue memory document segment page "
     "language translation sentence paragraph result answer user client system time second "
     "step speed limit number value field name file folder format table list code example "
