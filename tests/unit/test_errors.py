@@ -143,8 +143,14 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/markup.py", "to_tags", "InvalidRequest"): 400,
     # Documents: their fields, a malformed SRT file, too many segments.
     ("hymt_serve/request/document_fields.py", "parse_document", "InvalidRequest"): 400,
-    ("hymt_serve/request/document_fields.py", "parse_document", "PayloadTooLarge"): 413,
+    ("hymt_serve/request/document_fields.py", "_check_size", "PayloadTooLarge"): 413,
     ("hymt_serve/request/document_formats.py", "_malformed", "InvalidRequest"): 400,
+    # Localisation and Office files: malformed XML, PO lines, packages, base64; versions.
+    ("hymt_serve/request/xml_tree.py", "error", "InvalidRequest"): 400,
+    ("hymt_serve/request/localisation_po.py", "_read", "InvalidRequest"): 400,
+    ("hymt_serve/request/localisation_xliff.py", "_version", "InvalidRequest"): 400,
+    ("hymt_serve/request/office.py", "_invalid", "InvalidRequest"): 400,
+    ("hymt_serve/request/office.py", "decode_base64", "InvalidRequest"): 400,
     ("hymt_serve/request/tokenising.py", "_tokenise_document", "PayloadTooLarge"): 413,
     # The service: a text (or a document's segment) or a conversation whose prompt is too long.
     ("hymt_serve/request/tokenising.py", "_row", "PayloadTooLarge"): 413,
