@@ -117,6 +117,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         torchserve.open()
+        if jobs is not None:
+            await jobs.open()
         try:
             yield
         finally:

@@ -98,6 +98,9 @@ class DocumentJobs:
         self._tasks: set[asyncio.Task[None]] = set()  # kept: the loop holds tasks weakly
         self._turns: asyncio.Semaphore | None = None  # WORKERS translating at once
 
+    async def open(self) -> None:
+        """Called once the event loop serves, before the first request (the app's lifespan)."""
+
     async def close(self) -> None:
         """Cancel the translations in progress (the front end stops: jobs live in memory)."""
         for task in self._tasks:
