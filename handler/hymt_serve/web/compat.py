@@ -6,9 +6,10 @@ that tools written for those servers translate with Hunyuan-MT unchanged.
   ``detectedLanguage``), ``POST /detect`` (``q``, ``api_key``: ``[{"confidence": 0-100,
   "language"}]``, empty when unsure), ``GET /languages``; errors as ``{"error": "..."}``.
 - DeepL v2: ``POST /v2/translate`` (``text`` list, ``target_lang``, ``source_lang``,
-  ``tag_handling``, ``context``; ``Authorization: DeepL-Auth-Key ...``), ``GET /v2/languages``,
-  ``GET /v2/usage``; regional codes mapped (``EN-US``, ``PT-BR``, ``ZH-HANT``, ...); errors as
-  ``{"message": "..."}`` with DeepL's statuses (403 key, 456 quota).
+  ``tag_handling``, ``context``, ``glossary_id``; ``Authorization: DeepL-Auth-Key ...``),
+  ``GET /v2/languages``, ``GET /v2/usage``, and the glossary routes (:mod:`.glossary_routes`,
+  with ours under ``/api/glossaries``); regional codes mapped (``EN-US``, ``PT-BR``,
+  ``ZH-HANT``, ...); errors as ``{"message": "..."}`` with DeepL's statuses (403 key, 456 quota).
 
 Both take form or JSON bodies and this front end's own keys (:mod:`.keys`). HTML
 (``format: html``, ``tag_handling``) is our ``preserve_format: "html"``, for the model families
@@ -32,6 +33,9 @@ from hymt_serve.request.languages import LANGUAGES, Language, lookup
 from hymt_serve.web.access import client_name
 from hymt_serve.web.bodies import BadBody, fields
 from hymt_serve.web.fairness import BULK_CHUNK, RETRY_AFTER_S, Busy, KeyLimits, Post, fan_out
+from hymt_serve.web.glossaries import GlossaryStore, for_texts, pairs_of, with_glossary
+from hymt_serve.web.glossary_entries import GlossaryError
+from hymt_serve.web.glossary_routes import Action, api_glossary_routes, deepl_glossary_routes
 from hymt_serve.web.keys import ClientKey, ClientKeys
 from hymt_serve.web.torchserve import json_response
 
@@ -48,7 +52,7 @@ DEEPL_TARGETS = {
 }
 # DeepL options this server cannot honour (refused); the others it does not know (such as
 # split_sentences or preserve_formatting) change nothing here and are accepted.
-DEEPL_UNSUPPORTED = ("glossary_id", "glossary_ids", "style_id", "translation_memory_id")
+DEEPL_UNSUPPORTED = ("glossary_ids", "style_id", "translation_memory_id")
 STATUS_BY_TYPE = {
     "payload_too_large": 413,
     "server_busy": 503,
@@ -85,7 +89,9 @@ def compat_routes(
     limits: KeyLimits,
 ) -> list[BaseRoute]:
     """LibreTranslate's and DeepL's routes, translating with ``model`` (each key's requests in
-    progress bounded by ``limits``)."""
+    progress bounded by ``limits``), and the glossaries' (DeepL's and ours) in ``keys``'
+    database."""
+    glossaries = GlossaryStore(keys.store.engine)
 
     async def translate(
         key: ClientKey, texts: list[str], fields: dict[str, Any], over_quota: CompatError
@@ -167,9 +173,12 @@ def compat_routes(
             params = await api_params(request)
             texts = _texts(params.get("text"), "Parameter 'text' not specified.")
             fields, source = deepl_fields(params)
+            fields = await with_glossary(fields, key.name, glossaries, texts)
             out = await translate(key, texts, fields, CompatError(456, "Quota Exceeded"))
         except CompatError as error:
             return error.answer("message")
+        except GlossaryError as error:
+            return json_response(error.deepl_body(), error.status)
         return json_response(
             {
                 "translations": [
@@ -202,7 +211,23 @@ def compat_routes(
             {"character_count": keys.used(key), "character_limit": key.character_limit}
         )
 
+    def deepl_route(action: Action) -> Callable[[Request], Awaitable[Response]]:
+        """An endpoint of a glossary action, with DeepL's key, parameters and errors."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                key = await deepl_client_key(request, keys)
+                return await action(request, await api_params(request), key.name)
+            except CompatError as error:
+                return error.answer("message")
+            except GlossaryError as error:
+                return json_response(error.deepl_body(), error.status)
+
+        return endpoint
+
     return [
+        *deepl_glossary_routes(glossaries, deepl_route),
+        *api_glossary_routes(glossaries, keys),
         Route("/translate", libre_translate, methods=["POST"]),
         Route("/detect", libre_detect, methods=["POST"]),
         Route("/languages", libre_languages, methods=["GET"]),
@@ -346,6 +371,10 @@ async def _translate(
     size = max_texts if len(texts) <= max_texts else min(max_texts, BULK_CHUNK)
     chunks = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
     bodies = [{**fields, "text": chunk, "stream": False} for chunk in chunks]
+    if "glossary" in fields:  # each chunk takes the terms that occur in its own texts
+        pairs = pairs_of(fields["glossary"])
+        for body in bodies:
+            body["glossary"] = for_texts(pairs, body["text"])
     out: list[dict[str, Any]] = []
     for status, answer in await fan_out(post, model, bodies):
         if status != 200:
