@@ -18,7 +18,7 @@ from web_stub import MODEL, PREDICTIONS, Upstream, client_keys, opened, workdir
 from werkzeug.http import parse_options_header
 from werkzeug.wrappers import Request, Response
 
-from hymt_serve.web import deepl_documents
+from hymt_serve.web import jobs_documents
 from hymt_serve.web.app import create_app
 from hymt_serve.web.deepl_documents import content_disposition
 from hymt_serve.web.keys import ClientKeys
@@ -99,7 +99,7 @@ def test_one_keys_documents_never_block_another_key(
     upstream: Upstream, tmp_path: Path, keys: ClientKeys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     upstream.reply(PREDICTIONS, {"document": "x", "usage": {}})
-    monkeypatch.setattr(deepl_documents, "PER_KEY_KEPT", 5)
+    monkeypatch.setattr(jobs_documents, "PER_KEY_KEPT", 5)
     with _app(upstream, tmp_path, keys) as client:
         jobs = [_upload(client, keys).json() for _ in range(5)]
         for job in jobs:
@@ -123,7 +123,7 @@ def test_too_many_documents_in_translation_for_one_key_get_429(
     upstream.replies[PREDICTIONS] = held
     with _app(upstream, tmp_path, keys) as client:
         try:
-            for _ in range(deepl_documents.PER_KEY_ACTIVE):
+            for _ in range(jobs_documents.PER_KEY_ACTIVE):
                 assert _upload(client, keys).status_code == 200
             refused = _upload(client, keys)
             assert refused.status_code == 429 and "in translation" in refused.json()["message"]

@@ -1,4 +1,5 @@
-"""A request's document fields (``document``, ``format``, ``previous_context``), validated
+"""A request's document fields (``document``, ``format``, ``previous_context``, and a
+resuming call's ``done_segments``, ``segments_fingerprint``, ``max_segments``), validated
 against the settings and the model family (:mod:`hymt_serve.request.documents` splits the
 document once the service has its tokenizer)."""
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hymt_serve.core.settings import Settings
+from hymt_serve.request.document_resume import RESUME_FIELDS, Resume, parse_resume
 from hymt_serve.request.documents import DOCUMENT_FORMATS
 from hymt_serve.request.errors import InvalidRequest, PayloadTooLarge
 from hymt_serve.request.families import Profile
@@ -16,7 +18,8 @@ from hymt_serve.request.features import FEATURE_FIELDS
 from hymt_serve.request.office import OFFICE_FORMATS
 from hymt_serve.request.values import brief, flag, is_unicode
 
-DOCUMENT_FIELDS = ("document", "format", "previous_context")
+# The resume fields name the segments an earlier call translated (:mod:`.document_resume`).
+DOCUMENT_FIELDS = ("document", "format", "previous_context", *RESUME_FIELDS)
 # Feature fields a document cannot take: it keeps its own format, and Chimera refines candidates.
 NOT_FOR_DOCUMENTS = ("preserve_format", "candidates")
 
@@ -28,6 +31,7 @@ class DocumentInput:
     text: str
     format: str
     previous_context: bool = False
+    resume: Resume | None = None  # a durable job's call: some segments translated already
 
 
 def parse_document(
@@ -89,7 +93,7 @@ def parse_document(
             allowed="previous_context alone",
             field="previous_context",
         )
-    return DocumentInput(text, kind, previous)
+    return DocumentInput(text, kind, previous, parse_resume(fields))
 
 
 def _check_size(text: str, kind: object, settings: Settings) -> None:

@@ -26,6 +26,7 @@ import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sentencex import get_sentence_boundaries
 
@@ -78,6 +79,14 @@ class Document:
         """The 1-based line on which segment ``index`` starts (for error messages)."""
         before = self.pieces[: 2 * index + 1]
         return 1 + sum(piece.count("\n") for piece in before)
+
+    def before(self, index: int) -> str | None:
+        """The source of the segment before segment ``index`` (its previous context)."""
+        return self.segments[index - 1] if index > 0 else None
+
+    def reply_fields(self, translations: Sequence[str]) -> dict[str, Any]:
+        """What the reply says of the document once its segments are translated."""
+        return {"document": self.assemble(translations)}
 
     def assemble(self, translations: Sequence[str]) -> str:
         """The document with each segment replaced by its translation, in order; each

@@ -101,7 +101,7 @@ def _document_reply(document: Document, items: Sequence[Mapping[str, Any]]) -> d
     for item in items:
         reasons[item["finish_reason"]] = reasons.get(item["finish_reason"], 0) + 1
     return {
-        "document": document.assemble(texts),
+        **document.reply_fields(texts),  # a resumed document's: with its segments' texts
         "format": document.format,
         "segments": len(items),
         "finish_reasons": reasons,

@@ -17,6 +17,7 @@ from hymt_serve.core.settings import Settings
 from hymt_serve.core.types import ChatTurn, GenerationRow
 from hymt_serve.request.chat import CHAT_TEMPLATE, ChatRequest
 from hymt_serve.request.document_fields import DocumentInput
+from hymt_serve.request.document_resume import resume
 from hymt_serve.request.documents import MARKUP_KIND, Document, split_document
 from hymt_serve.request.errors import PayloadTooLarge, ServiceError, as_service_error
 from hymt_serve.request.families import Profile
@@ -170,13 +171,15 @@ class Tokeniser:
             language=request.source.code if request.source else None,
             target=request.target.code,
         )
-        segments = document.segments
-        if len(segments) > settings.limits.max_document_segments:
+        if len(document.segments) > settings.limits.max_document_segments:
             raise PayloadTooLarge(
-                f"the document splits into {len(segments)} segments",
+                f"the document splits into {len(document.segments)} segments",
                 allowed=f"at most {settings.limits.max_document_segments} segments per document",
                 field="document",
             )
+        if spec.resume is not None:  # rows for the segments not translated yet only
+            document = resume(document, spec.resume)
+        segments = document.segments
         options = request.features.options
         plain = options == PromptOptions()
         formatted = plain and "preserve_format" in self.profile.features
@@ -185,9 +188,9 @@ class Tokeniser:
             text, markup = to_tags(segment, MARKUP_KIND[spec.format], tags_in_text=True)
             context = document.context_of(index)
             chosen = options
-            if spec.previous_context and index > 0:
-                before = segments[index - 1][-settings.limits.max_context_chars :]
-                chosen = PromptOptions(context=before)
+            before = document.before(index) if spec.previous_context else None
+            if before is not None:
+                chosen = PromptOptions(context=before[-settings.limits.max_context_chars :])
             elif formatted and markup.opens:
                 chosen = PromptOptions(preserve_format="tags")
             elif plain and context and "context" in self.profile.features:  # a PO msgctxt

@@ -1,5 +1,6 @@
 """DeepL's document API (v2) on the web front end: upload a file, poll its status, download the
-translation; each file becomes one document request of our API (:mod:`hymt_serve.request.
+translation; each file becomes a durable job (:mod:`.jobs_documents`: stored in the database,
+resumed after a restart) of document requests of our API (:mod:`hymt_serve.request.
 documents`), run as a task on the event loop, ``WORKERS`` at a time.
 
 - ``POST /v2/document`` (multipart: ``file``, ``target_lang``, ``source_lang``, ``filename``)
@@ -16,21 +17,21 @@ documents`), run as a task on the event loop, ``WORKERS`` at a time.
   (DeepL forgets it at once; a download that broke off can be tried again here).
 
 A document id and its key work only with the client key that uploaded it (404 otherwise).
-Jobs live in this process's memory: a restart of the front end forgets them. Each client key
+Jobs live in the database with their segments' progress: a restart of the front end or of
+TorchServe resumes them (docs/jobs.md). Each client key
 has at most ``PER_KEY_ACTIVE`` jobs queued or translating and ``PER_KEY_KEPT`` in all (finished
 ones count until downloaded or ``KEEP_S`` after they end), and the front end ``MAX_JOBS``; past a
-limit an upload gets 429 saying which. Characters count against the key's limit at upload and
-are given back if the translation fails.
+limit an upload gets 429 saying which. Characters count against the key's limit at upload (in
+the transaction that stores the job) and are given back once if the translation fails.
+
+The same module registers the batch API's routes (:mod:`.batch_routes`) on the same jobs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import secrets
-import time
 import unicodedata
-from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 from urllib.parse import quote
@@ -42,11 +43,14 @@ from starlette.routing import BaseRoute, Route
 
 from hymt_serve.request.errors import InvalidRequest
 from hymt_serve.request.office import OFFICE_FORMATS, opening_text
+from hymt_serve.web.batch_routes import batch_routes
 from hymt_serve.web.bodies import is_json, json_object
 from hymt_serve.web.compat import CompatError, api_params, deepl_client_key, deepl_fields
-from hymt_serve.web.fairness import Busy, Post
-from hymt_serve.web.keys import ClientKey, ClientKeys
+from hymt_serve.web.jobs_documents import DocumentJobs
+from hymt_serve.web.keys import ClientKeys
 from hymt_serve.web.torchserve import json_response
+
+__all__ = ["FORMATS", "MEDIA_TYPES", "DocumentJobs", "content_disposition", "document_routes"]
 
 FORMATS = {".txt": "text", ".md": "markdown", ".markdown": "markdown", ".html": "html"}
 FORMATS |= {".htm": "html", ".srt": "srt", ".xlf": "xliff", ".xliff": "xliff", ".po": "po"}
@@ -62,153 +66,11 @@ MEDIA_TYPES |= {"docx": _OOXML + "wordprocessingml.document"}
 MEDIA_TYPES |= {"pptx": _OOXML + "presentationml.presentation"}
 MEDIA_TYPES |= {"xlsx": _OOXML + "spreadsheetml.sheet"}
 MAX_FILE_BYTES = 4 * 1_048_576  # the handler refuses more than its max_document_bytes anyway
-MAX_JOBS = 256  # each holds up to MAX_FILE_BYTES twice (the file and its translation)
-PER_KEY_ACTIVE = 8
-PER_KEY_KEPT = 32
-KEEP_S = 3600.0
-DOWNLOADED_KEEP_S = 300.0
-WORKERS = 4
-
-
-@dataclass
-class _Job:
-    key: str  # the document_key
-    owner: str  # the client key's name
-    filename: str
-    characters: int
-    status: str = "queued"
-    result: bytes = b""
-    error: str | None = None
-    ended: float | None = None
-    downloaded: float | None = None
-
-    def expired(self, now: float) -> bool:
-        if self.downloaded is not None:
-            return now - self.downloaded > DOWNLOADED_KEEP_S
-        return self.ended is not None and now - self.ended > KEEP_S
-
-
-class DocumentJobs:
-    """The uploaded documents and their translations, by document id (used on the event loop
-    only: no lock)."""
-
-    def __init__(self, post: Post, model: str, keys: ClientKeys) -> None:
-        self._post, self._model, self._keys = post, model, keys
-        self._jobs: dict[str, _Job] = {}
-        self._tasks: set[asyncio.Task[None]] = set()  # kept: the loop holds tasks weakly
-        self._turns: asyncio.Semaphore | None = None  # WORKERS translating at once
-
-    async def open(self) -> None:
-        """Called once the event loop serves, before the first request (the app's lifespan)."""
-
-    async def close(self) -> None:
-        """Cancel the translations in progress (the front end stops: jobs live in memory)."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def submit(
-        self,
-        key: ClientKey,
-        filename: str,
-        text: str,
-        fields: dict[str, Any],
-        characters: int | None = None,
-    ) -> tuple[str, str]:
-        """Queue ``text`` (the file's content; an Office file's in base64) for translation:
-        (document id, document key); ``characters`` billed (the text's length if not given).
-        Raises CompatError (quota, too many jobs)."""
-        kind = FORMATS[PurePath(filename).suffix.lower()]
-        characters = len(text) if characters is None else characters
-        self._forget_old()
-        self._check_room(key)
-        if not self._keys.reserve(key, characters):
-            raise CompatError(456, "Quota for this billing period has been exceeded.")
-        document_id = secrets.token_hex(16)
-        job = _Job(secrets.token_urlsafe(32), key.name, filename, characters)
-        self._jobs[document_id] = job
-        body = {**fields, "document": text, "format": kind, "stream": False}
-        task = asyncio.get_running_loop().create_task(self._run(job, body, key))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return document_id, job.key
-
-    def _check_room(self, key: ClientKey) -> None:
-        """CompatError 429 when ``key`` (or the front end) has no room for one more job."""
-        mine = [job for job in self._jobs.values() if job.owner == key.name]
-        active = sum(job.ended is None for job in mine)
-        if active >= PER_KEY_ACTIVE:
-            raise CompatError(
-                429,
-                f"This key has {active} documents in translation (at most {PER_KEY_ACTIVE}): "
-                "wait for one to finish.",
-            )
-        if len(mine) >= PER_KEY_KEPT:
-            raise CompatError(
-                429,
-                f"This key has {len(mine)} documents on the server (at most {PER_KEY_KEPT}): "
-                "download the finished ones first.",
-            )
-        if len(self._jobs) >= MAX_JOBS:
-            raise CompatError(429, "Too many documents in progress, try again later.")
-
-    async def _run(self, job: _Job, body: dict[str, Any], key: ClientKey) -> None:
-        """Translate, once a turn comes; the status is set last, after what it announces."""
-        if self._turns is None:
-            self._turns = asyncio.Semaphore(WORKERS)
-        async with self._turns:
-            await self._translate(job, body, key)
-
-    async def _translate(self, job: _Job, body: dict[str, Any], key: ClientKey) -> None:
-        job.status = "translating"
-        try:
-            status, answer = await self._post(self._model, body, bulk=True)  # bulk work
-        except Busy as busy:
-            status, answer = busy.status, busy.body()
-        except Exception as error:  # a job must end, whatever happened
-            status, answer = 500, {"error": f"the translation failed ({type(error).__name__})"}
-        job.ended = time.monotonic()
-        if status == 200 and isinstance(answer.get("document"), str):
-            office = body["format"] in OFFICE_FORMATS
-            document = answer["document"]
-            job.result = base64.b64decode(document) if office else document.encode("utf-8")
-            job.status = "done"
-        else:
-            job.error = str(answer.get("error") or f"HTTP {status}")
-            self._keys.refund(key, job.characters)
-            job.status = "error"
-
-    def find(self, document_id: str, document_key: str | None, key: ClientKey) -> _Job:
-        """The job, or CompatError 404 (unknown id, the wrong document key, or a job that
-        another client key uploaded)."""
-        job = self._jobs.get(document_id)
-        if (
-            job is None
-            or not document_key
-            or not secrets.compare_digest(job.key, document_key)
-            or job.owner != key.name  # a name, not a secret (and may be any text)
-        ):
-            raise CompatError(404, "Document not found")
-        return job
-
-    def take(self, job: _Job) -> bytes:
-        """A done job's translation (kept ``DOWNLOADED_KEEP_S`` more, for a retry);
-        CompatError 503 before it is done."""
-        if job.status != "done":
-            raise CompatError(503, "Document translation is not done yet.")
-        if job.downloaded is None:
-            job.downloaded = time.monotonic()
-        return job.result
-
-    def _forget_old(self) -> None:
-        now = time.monotonic()
-        for document_id, job in list(self._jobs.items()):
-            if job.expired(now):
-                del self._jobs[document_id]
 
 
 def document_routes(jobs: DocumentJobs, keys: ClientKeys) -> list[BaseRoute]:
-    """DeepL's document routes, with the keys and parameters of ``/v2/translate``."""
+    """DeepL's document routes, with the keys and parameters of ``/v2/translate``; and the
+    batch API's (``/v1/files``, ``/v1/batches``: :mod:`.batch_routes`), on the same jobs."""
 
     async def deepl_upload(request: Request) -> Response:
         try:
@@ -232,7 +94,8 @@ def document_routes(jobs: DocumentJobs, keys: ClientKeys) -> list[BaseRoute]:
                 text = _utf8(data)
             fields, _ = deepl_fields({k: v for k, v in form.items() if isinstance(v, str)})
             fields.pop("preserve_format", None)  # a document keeps its format itself
-            document_id, document_key = jobs.submit(key, filename, text, fields, characters)
+            fields["format"] = kind
+            document_id, document_key = await jobs.submit(key, filename, text, fields, characters)
         except CompatError as error:
             return error.answer("message")
         return json_response({"document_id": document_id, "document_key": document_key})
@@ -241,34 +104,36 @@ def document_routes(jobs: DocumentJobs, keys: ClientKeys) -> list[BaseRoute]:
         document_id = request.path_params["document_id"]
         try:
             key = await deepl_client_key(request, keys)
-            job = jobs.find(document_id, await _document_key(request), key)
+            job = await jobs.find(document_id, await _document_key(request), key)
         except CompatError as error:
             return error.answer("message")
-        answer: dict[str, Any] = {"document_id": document_id, "status": job.status}
-        if job.status == "done":
-            answer["billed_characters"] = job.characters
-        if job.status == "error":
+        answer: dict[str, Any] = {"document_id": document_id, "status": job.state}
+        if job.state == "done":
+            answer["billed_characters"] = job.billed
+        if job.state == "error":
             answer["error_message"] = job.error
         return json_response(answer)
 
     async def deepl_document_result(request: Request) -> Response:
         try:
             key = await deepl_client_key(request, keys)
-            job = jobs.find(request.path_params["document_id"], await _document_key(request), key)
-            content = jobs.take(job)
+            document_id = request.path_params["document_id"]
+            job = await jobs.find(document_id, await _document_key(request), key)
+            content = await jobs.take(job)
         except CompatError as error:
             return error.answer("message")
-        kind = FORMATS[PurePath(job.filename).suffix.lower()]
+        filename = job.filename or "document"
         return Response(
             content,
-            media_type=MEDIA_TYPES[kind],
-            headers={"Content-Disposition": content_disposition(job.filename)},
+            media_type=MEDIA_TYPES[job.fields["format"]],
+            headers={"Content-Disposition": content_disposition(filename)},
         )
 
     return [
         Route("/v2/document", deepl_upload, methods=["POST"]),
         Route("/v2/document/{document_id}", deepl_document_status, methods=["POST"]),
         Route("/v2/document/{document_id}/result", deepl_document_result, methods=["POST"]),
+        *batch_routes(jobs.batches, keys),
     ]
 
 
