@@ -152,6 +152,10 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/office.py", "_invalid", "InvalidRequest"): 400,
     ("hymt_serve/request/office.py", "decode_base64", "InvalidRequest"): 400,
     ("hymt_serve/request/tokenising.py", "_tokenise_document", "PayloadTooLarge"): 413,
+    # A durable job's resuming document call: its done segments, fingerprint, max_segments.
+    ("hymt_serve/request/document_resume.py", "parse_resume", "InvalidRequest"): 400,
+    ("hymt_serve/request/document_resume.py", "_done", "InvalidRequest"): 400,
+    ("hymt_serve/request/document_resume.py", "resume", "InvalidRequest"): 400,
     # The service: a text (or a document's segment) or a conversation whose prompt is too long.
     ("hymt_serve/request/tokenising.py", "_row", "PayloadTooLarge"): 413,
     ("hymt_serve/request/tokenising.py", "_tokenise_chat", "PayloadTooLarge"): 413,
