@@ -161,15 +161,30 @@ def batch_routes(batches: Batches, keys: ClientKeys) -> list[BaseRoute]:
         return endpoint
 
     return [
-        Route("/v1/files", answered(upload), methods=["POST"]),
-        Route("/v1/files", answered(file_list), methods=["GET"]),
-        Route("/v1/files/{file_id}", answered(file_get), methods=["GET"]),
-        Route("/v1/files/{file_id}", answered(file_delete), methods=["DELETE"]),
-        Route("/v1/files/{file_id}/content", answered(file_content), methods=["GET"]),
-        Route("/v1/batches", answered(create), methods=["POST"]),
-        Route("/v1/batches", answered(listing), methods=["GET"]),
-        Route("/v1/batches/{batch_id}", answered(retrieve), methods=["GET"]),
-        Route("/v1/batches/{batch_id}/cancel", answered(cancel), methods=["POST"]),
+        Route("/v1/files", answered(upload), methods=["POST"], name="openai_file_upload"),
+        Route("/v1/files", answered(file_list), methods=["GET"], name="openai_file_list"),
+        Route("/v1/files/{file_id}", answered(file_get), methods=["GET"], name="openai_file"),
+        Route(
+            "/v1/files/{file_id}",
+            answered(file_delete),
+            methods=["DELETE"],
+            name="openai_file_delete",
+        ),
+        Route(
+            "/v1/files/{file_id}/content",
+            answered(file_content),
+            methods=["GET"],
+            name="openai_file_content",
+        ),
+        Route("/v1/batches", answered(create), methods=["POST"], name="openai_batch_create"),
+        Route("/v1/batches", answered(listing), methods=["GET"], name="openai_batch_list"),
+        Route("/v1/batches/{batch_id}", answered(retrieve), methods=["GET"], name="openai_batch"),
+        Route(
+            "/v1/batches/{batch_id}/cancel",
+            answered(cancel),
+            methods=["POST"],
+            name="openai_batch_cancel",
+        ),
     ]
 
 

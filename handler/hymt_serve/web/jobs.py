@@ -5,7 +5,8 @@ which job, resuming after a restart, and waiting out a model server that went aw
   (:meth:`.job_store.JobStore.claim`) once its runner stopped beating for ``lease_s``. Every
   ``lease_s / 3`` the :class:`JobRunner` says it still runs its jobs and claims stale ones, so
   a restarted front end (or a replica beside a front end that died) resumes a job within
-  ``lease_s`` of its runner's end, from where its items stopped.
+  ``lease_s`` of its runner's end, from where its items stopped. On SQLite (one front end
+  per database) a starting front end takes every unfinished job at once.
 - A call TorchServe did not answer (unreachable, busy, restarting, timed out: :func:`retryable`)
   is sent again after a back-off that doubles up to ``MAX_BACKOFF_S``; a job that makes no
   progress for ``give_up_s`` fails (and is refunded). Progress already stored is kept.
@@ -114,10 +115,14 @@ class JobRunner:
             log.exception("job %s stopped (%s); it resumes at the next claim", job.id, error)
 
     async def _sweep(self) -> None:
+        # A SQLite database serves one front end (docs/database.md): at its start every
+        # unfinished job is its own, resumed at once rather than after a lease.
+        stale_s = 0.0 if self.store.engine.dialect.name == "sqlite" else self.lease_s
         while True:
             try:
                 await asyncio.to_thread(self.store.beat, self.id, list(self._tasks))
-                claimed = await asyncio.to_thread(self.store.claim, self.id, self.lease_s)
+                claimed = await asyncio.to_thread(self.store.claim, self.id, stale_s)
+                stale_s = self.lease_s
             except SQLAlchemyError as error:
                 log.warning("jobs not claimed (the database: %s); trying again", error)
                 claimed = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import secrets
 import time
 from typing import Any
@@ -35,6 +36,7 @@ KEEP_S = 3600.0
 DOWNLOADED_KEEP_S = 300.0
 WORKERS = 4
 SEGMENTS_PER_CALL = 128  # what a restart can lose of a document's work, at most
+SEGMENTS_VARIABLE = "HYMT_DOCUMENT_SEGMENTS_PER_CALL"  # sets it (tests, tuning)
 FINGERPRINT_FIELD = "segments_fingerprint"
 
 
@@ -49,6 +51,7 @@ class DocumentJobs:
         self.runner.register(DOCUMENT, self._run)
         self.batches = Batches(self.runner, self.store, post, model)
         self.give_up_s = GIVE_UP_S
+        self.segments_per_call = int(os.environ.get(SEGMENTS_VARIABLE) or SEGMENTS_PER_CALL)
         self._turns: asyncio.Semaphore | None = None  # WORKERS translating at once
 
     async def open(self) -> None:
@@ -126,7 +129,7 @@ class DocumentJobs:
         while True:
             body = {**job.fields, "document": text, "stream": False}
             body |= {"done_segments": {str(i): t for i, t in done.items()}}
-            body |= {"max_segments": SEGMENTS_PER_CALL}
+            body |= {"max_segments": self.segments_per_call}
             if fingerprint is not None:
                 body[FINGERPRINT_FIELD] = fingerprint
             status, answer = await self._call(body)
