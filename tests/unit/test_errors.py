@@ -85,6 +85,9 @@ RAISE_SITES: dict[tuple[str, str, str], int] = {
     ("hymt_serve/request/transport.py", "refusal", "InvalidRequest"): 400,
     # The protocol: the body itself.
     ("hymt_serve/request/values.py", "flag", "InvalidRequest"): 400,
+    # The translation memory's request fields ("cache", "cache_namespace").
+    ("hymt_serve/request/memory_key.py", "take_choice", "InvalidRequest"): 400,
+    ("hymt_serve/request/memory_key.py", "check_choice", "InvalidRequest"): 400,
     ("hymt_serve/request/protocol.py", "decode_body", "InvalidRequest"): 400,
     ("hymt_serve/request/protocol.py", "_json_from_bytes", "InvalidRequest"): 400,
     ("hymt_serve/request/protocol.py", "_canonical_fields", "InvalidRequest"): 400,
