@@ -98,10 +98,12 @@ def test_deepl_errors_and_quota(front: tuple[str, str], server: Server) -> None:
     translator = deepl.Translator(key, server_url=url)
     with pytest.raises(deepl.DeepLException, match="'target_lang' not supported"):
         translator.translate_text("Hello", target_lang="XX")
-    with pytest.raises(deepl.DeepLException, match="glossary_id"):
+    with pytest.raises(deepl.DeepLException, match="requires the source_lang"):
         translator.translate_text(
             "Hello", target_lang="DE", extra_body_parameters={"glossary_id": "g"}
         )
+    with pytest.raises(deepl.DeepLException, match="Glossary not found"):  # no such glossary
+        translator.translate_text("Hello", source_lang="EN", target_lang="DE", glossary="g")
     before = translator.get_usage().character.count
     with pytest.raises(deepl.QuotaExceededException):
         translator.translate_text("x" * LIMIT, target_lang="DE")

@@ -33,7 +33,7 @@ from hymt_serve.request.languages import LANGUAGES, Language, lookup
 from hymt_serve.web.access import client_name
 from hymt_serve.web.bodies import BadBody, fields
 from hymt_serve.web.fairness import BULK_CHUNK, RETRY_AFTER_S, Busy, KeyLimits, Post, fan_out
-from hymt_serve.web.glossaries import GlossaryStore, for_texts, pairs_of, with_glossary
+from hymt_serve.web.glossaries import for_texts, pairs_of, store_of, with_glossary
 from hymt_serve.web.glossary_entries import GlossaryError
 from hymt_serve.web.glossary_routes import Action, api_glossary_routes, deepl_glossary_routes
 from hymt_serve.web.keys import ClientKey, ClientKeys
@@ -91,7 +91,7 @@ def compat_routes(
     """LibreTranslate's and DeepL's routes, translating with ``model`` (each key's requests in
     progress bounded by ``limits``), and the glossaries' (DeepL's and ours) in ``keys``'
     database."""
-    glossaries = GlossaryStore(keys.store.engine)
+    glossaries = store_of(keys)
 
     async def translate(
         key: ClientKey, texts: list[str], fields: dict[str, Any], over_quota: CompatError
@@ -172,7 +172,7 @@ def compat_routes(
             key = await deepl_client_key(request, keys)
             params = await api_params(request)
             texts = _texts(params.get("text"), "Parameter 'text' not specified.")
-            fields, source = deepl_fields(params)
+            fields, source = deepl_fields(params, glossaries=True)
             fields = await with_glossary(fields, key.name, glossaries, texts)
             out = await translate(key, texts, fields, CompatError(456, "Quota Exceeded"))
         except CompatError as error:
@@ -287,9 +287,14 @@ def _libre_languages(params: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def deepl_fields(params: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """Our request fields for DeepL's parameters, and the source code DeepL would report."""
-    for name in DEEPL_UNSUPPORTED:
+def deepl_fields(
+    params: dict[str, Any], glossaries: bool = False
+) -> tuple[dict[str, Any], str | None]:
+    """Our request fields for DeepL's parameters, and the source code DeepL would report.
+    ``glossaries``: the caller resolves a ``glossary_id`` (kept in the fields for
+    :func:`.glossaries.with_glossary`); refused otherwise."""
+    refused = DEEPL_UNSUPPORTED if glossaries else ("glossary_id", *DEEPL_UNSUPPORTED)
+    for name in refused:
         if name in params:
             raise CompatError(400, f"Parameter '{name}' is not supported by this server.")
     formality = _text_param(params, "formality") or "default"
@@ -315,6 +320,8 @@ def deepl_fields(params: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     context = _text_param(params, "context")
     if context:
         fields["context"] = context
+    if "glossary_id" in params:
+        fields["glossary_id"] = params["glossary_id"]
     return fields, source_code.upper() if source_code else None
 
 

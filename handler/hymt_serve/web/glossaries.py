@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -208,6 +209,18 @@ class GlossaryStore:
                 self._cached -= len(dropped)
 
 
+_STORES: weakref.WeakKeyDictionary[ClientKeys, GlossaryStore] = weakref.WeakKeyDictionary()
+
+
+def store_of(keys: ClientKeys) -> GlossaryStore:
+    """The one store of ``keys``' database for every route of the app (they share its cache of
+    entries)."""
+    found = _STORES.get(keys)
+    if found is None:
+        found = _STORES[keys] = GlossaryStore(keys.store.engine)
+    return found
+
+
 async def with_glossary(
     body: dict[str, Any],
     owner: str,
@@ -216,8 +229,9 @@ async def with_glossary(
 ) -> dict[str, Any]:
     """``body`` (a request API body, or the DeepL route's fields with ``texts`` given apart)
     with its ``glossary_id`` resolved into the handler's ``glossary``: the entries of that
-    glossary of ``owner`` whose source term occurs in the texts (in ``body``'s ``text`` or
-    plain-text ``document`` unless ``texts``). ``body`` unchanged without a ``glossary_id``.
+    glossary of ``owner`` whose source term occurs in the texts (``texts``, else ``body``'s
+    ``text`` or plain-text ``document``; every entry when neither says: an Office document).
+    ``body`` unchanged without a ``glossary_id``.
 
     GlossaryError: 400 without a named source language, for a glossary beside ``glossary``, a
     glossary whose language pair is not the request's, or no store (no client keys); 404 for no
@@ -287,7 +301,8 @@ def pairs_of(glossary: list[dict[str, str]]) -> list[Pair]:
 
 
 def _texts_of(fields: dict[str, Any]) -> list[str] | None:
-    """The texts of a request API body; None for a document of an Office format (base64)."""
+    """The texts of a request API body; None (unknown: every entry goes) for a document of an
+    Office format (base64) or fields without their texts."""
     text, document = fields.get("text"), fields.get("document")
     if isinstance(text, str):
         return [text]
@@ -295,7 +310,7 @@ def _texts_of(fields: dict[str, Any]) -> list[str] | None:
         return [item for item in text if isinstance(item, str)]
     if isinstance(document, str) and fields.get("format") not in OFFICE_FORMATS:
         return [document]
-    return None if isinstance(document, str) else []
+    return None
 
 
 def _find(connection: sa.Connection, owner: str, glossary_id: str) -> Glossary | None:
