@@ -20,6 +20,7 @@ from hymt_serve.core.settings import Settings
 from hymt_serve.request import detect, door
 from hymt_serve.request.async_guards import cheap_context_copies, drop_entry_point_prints
 from hymt_serve.request.errors import Overloaded
+from hymt_serve.request.memory_rows import open_memory, precision_of
 from hymt_serve.request.metrics import TorchServeRecorder
 from hymt_serve.request.service import Outcome, Reply, TranslationService
 
@@ -61,8 +62,10 @@ class HunyuanMTHandler:
         if settings.checks.target_language_check != "off":
             detect.preload()  # the language check's identifier, so that no request waits for it
         recorder = TorchServeRecorder(context.metrics, context.model_name, coalesce=self.async_mode)
-        recorder.engine_info(engine.describe())
-        self.service = TranslationService(engine, settings, recorder)
+        described = engine.describe()
+        recorder.engine_info(described)
+        memory = open_memory(settings, context.model_name, precision_of(settings, described))
+        self.service = TranslationService(engine, settings, recorder, memory)
         self.context = context
         self.initialized = True
         logger.info("handler ready: %s", json.dumps(self.describe()))
@@ -150,6 +153,7 @@ class HunyuanMTHandler:
             "engine": engine.with_process(facts),
             "model_family": service.profile.describe(),
             "settings": service.settings.public(),
+            "memory": service.memory.describe(),
         }
 
     def describe(self) -> dict[str, Any]:
@@ -159,6 +163,7 @@ class HunyuanMTHandler:
             "engine": service.engine.describe(),
             "model_family": service.profile.describe(),
             "settings": service.settings.public(),
+            "memory": service.memory.describe(),
         }
 
     def _service(self) -> TranslationService:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from hymt_serve.core.types import SamplingParams
 
-Kind = Literal["int", "float", "choice", "flag", "path"]
+Kind = Literal["int", "float", "choice", "flag", "path", "url"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class Spec:
             return "true, false"
         if self.kind == "path":
             return ", ".join((*self.choices, "a folder"))
+        if self.kind == "url":
+            return ", ".join((*self.choices, "a database URL"))
         return f"{'(' if self.low_open else '['}{self.low}, {self.high}]"
 
 
@@ -60,6 +62,11 @@ def flag(default: bool, doc: str) -> Any:
 def folder(default: str, words: tuple[str, ...], doc: str) -> Any:
     """A field naming a folder, or one of ``words`` (normalised: stripped, lower-cased)."""
     return field(default=default, metadata={"spec": Spec("path", doc, choices=words)})
+
+
+def database_url(default: str, words: tuple[str, ...], doc: str) -> Any:
+    """A field naming a database (a SQLAlchemy URL), or one of ``words`` (normalised)."""
+    return field(default=default, metadata={"spec": Spec("url", doc, choices=words)})
 
 
 def spec_of(config: type[Any], name: str) -> Spec:
@@ -297,6 +304,36 @@ class OutputChecks:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Memory:
+    """The translation memory (docs/translation-memory.md): each text's or segment's
+    translation kept in a database, keyed by everything that decides it (the model's files and
+    precision, the prompt's token ids, the limits), and served again without the model."""
+
+    translation_memory: bool = flag(
+        True,
+        "Serve a text or segment translated before from the memory (greedy rows; a sampled one "
+        'only with a seed and "cache": true); on where memory_database_url finds a database.',
+    )
+    memory_database_url: str = database_url(
+        "auto",
+        ("auto",),
+        "The memory's database; auto: $HYMT_DATABASE_URL, else hymt.db in hymt start's work "
+        "folder (the front end's database), else none (the memory is off).",
+    )
+    memory_max_rows: int = bounded(
+        1_000_000,
+        100,
+        1_000_000_000,
+        "Translations kept; past it the least recently used go, 5 % at a time.",
+    )
+    memory_isolation: bool = flag(
+        False,
+        "Each client key of the front end gets a memory of its own (the front end sends the "
+        "key's name); false: one memory for every client.",
+    )
+
+
 _DEFAULTS = SamplingParams()
 
 
@@ -326,5 +363,6 @@ CONCERNS: dict[str, type[Any]] = {
     "limits": RequestLimits,
     "serving": Serving,
     "checks": OutputChecks,
+    "memory": Memory,
     "sampling": Sampling,
 }

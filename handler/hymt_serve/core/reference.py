@@ -25,6 +25,7 @@ TITLES = {
     "limits": "Request limits",
     "serving": "Serving",
     "checks": "Output checks",
+    "memory": "Translation memory",
     "sampling": "Sampling defaults",
 }
 

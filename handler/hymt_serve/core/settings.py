@@ -1,8 +1,8 @@
 """One frozen settings object, loaded from model-config.yaml's ``handler:`` section.
 
 The keys are flat on the wire and grouped here by concern (:mod:`hymt_serve.core.config`):
-``settings.loading``, ``.scheduler``, ``.limits``, ``.serving``, ``.checks`` and
-``.sampling``. Unknown keys are rejected; values are normalised first (strings stripped and
+``settings.loading``, ``.scheduler``, ``.limits``, ``.serving``, ``.checks``, ``.memory``
+and ``.sampling``. Unknown keys are rejected; values are normalised first (strings stripped and
 lower-cased where they name a choice), then verified; every message names the key, the bound
 and the value.
 ``HYMT_MODEL_PATH`` in the environment, when set, overrides ``model_path``. A relative model
@@ -22,6 +22,7 @@ from typing import Any
 from hymt_serve.core.config import (
     CONCERNS,
     Loading,
+    Memory,
     OutputChecks,
     Quantization,
     RequestLimits,
@@ -49,6 +50,7 @@ class Settings:
     limits: RequestLimits = field(default_factory=RequestLimits)
     serving: Serving = field(default_factory=Serving)
     checks: OutputChecks = field(default_factory=OutputChecks)
+    memory: Memory = field(default_factory=Memory)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Not a handler key: a check the engine runs on the rows of each prefill, set by code that
     # wraps the handler (the tests inject device errors and hangs with it). It must pickle: the
@@ -99,8 +101,9 @@ class Settings:
         """The flat keys as model-config.yaml writes them, JSON-ready, for describe output and
         logs (no secrets in settings)."""
         view: dict[str, Any] = {"model_path": str(self.model_path)}
-        for name in ("loading", "scheduler", "limits", "serving", "checks"):
+        for name in ("loading", "scheduler", "limits", "serving", "checks", "memory"):
             view.update(asdict(getattr(self, name)))
+        view["memory_database_url"] = without_password(self.memory.memory_database_url)
         view["quantization"] = self.loading.quantization.value
         view["sampling"] = asdict(self.sampling)
         return view
@@ -118,6 +121,15 @@ def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     except (OSError, ValueError):  # no cgroup v2 here, or a file of another shape
         pass
     return cpus
+
+
+def without_password(url: str) -> str:
+    """A database URL fit for describe output and logs: its password, if any, as ``***``."""
+    scheme, found, rest = url.partition("://")
+    user, at, host = rest.rpartition("@")
+    if not (found and at and ":" in user):
+        return url
+    return f"{scheme}://{user.split(':', 1)[0]}:***@{host}"
 
 
 GENERATION_CONFIG = "generation_config.json"
@@ -174,7 +186,7 @@ def _build(config: type[Any], values: Mapping[str, Any]) -> Any:
 def _check(key: str, spec: Spec, value: Any) -> Any:
     if spec.kind == "choice":
         return _choice(key, spec, value)
-    if spec.kind == "path":
+    if spec.kind in ("path", "url"):
         if not isinstance(value, str) or not value.strip():
             raise ConfigurationError(f"{key} must be {spec.bounds()}, got {value!r}")
         word = value.strip().lower()

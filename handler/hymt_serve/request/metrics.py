@@ -46,6 +46,10 @@ DECLARED: tuple[MetricSpec, ...] = (
     MetricSpec(
         "hymt_target_language_total", "counter", "Count", (*BASE_DIMENSIONS, "Target", "Result")
     ),
+    # The translation memory: rows served from it, rows looked up in vain, rows evicted.
+    MetricSpec("hymt_memory_hits_total", "counter", "Count"),
+    MetricSpec("hymt_memory_misses_total", "counter", "Count"),
+    MetricSpec("hymt_memory_evictions_total", "counter", "Count"),
 )
 
 
@@ -57,6 +61,7 @@ class Recorder(Protocol):
     def batch(self, *, requests: int, rows: int) -> None: ...
     def generation(self, *, seconds: float, input_tokens: int, output_tokens: int) -> None: ...
     def target_language(self, target: str, result: str, count: int) -> None: ...
+    def memory(self, *, hits: int, misses: int, evictions: int) -> None: ...
 
 
 class NullRecorder:
@@ -75,6 +80,9 @@ class NullRecorder:
         pass
 
     def target_language(self, target: str, result: str, count: int) -> None:
+        pass
+
+    def memory(self, *, hits: int, misses: int, evictions: int) -> None:
         pass
 
 
@@ -158,6 +166,11 @@ class TorchServeRecorder:
 
     def target_language(self, target: str, result: str, count: int) -> None:
         self._emit("hymt_target_language_total", count, target, result)
+
+    def memory(self, *, hits: int, misses: int, evictions: int) -> None:
+        self._emit("hymt_memory_hits_total", hits)
+        self._emit("hymt_memory_misses_total", misses)
+        self._emit("hymt_memory_evictions_total", evictions)
 
 
 _LABEL_SEPARATORS = str.maketrans(":,|", "___")

@@ -25,7 +25,10 @@ from hymt_serve.request.checking import Check, Chosen, Generated, Translated, ju
 from hymt_serve.request.checking import Outcome as Outcome  # the handler's too
 from hymt_serve.request.errors import ServiceError, as_service_error
 from hymt_serve.request.families import detect_profile
-from hymt_serve.request.feeding import RowFeed
+from hymt_serve.request.in_flight import InFlight
+from hymt_serve.request.memory import TranslationMemory
+from hymt_serve.request.memory_key import take_choice
+from hymt_serve.request.memory_rows import Memorised, Recall, Served, with_usage
 from hymt_serve.request.metrics import NullRecorder, Recorder
 from hymt_serve.request.protocol import TranslationRequest
 from hymt_serve.request.replies import render_response
@@ -83,36 +86,33 @@ class Reply:
     stream: bool = False
 
 
-class _InFlight(RowFeed):
-    """One valid request's rows in the engine (:class:`RowFeed`), with its stream of deltas."""
-
-    def __init__(
-        self,
-        prepared: Prepared,
-        submit: Callable[[GenerationRow], Future[GenerationResult]],
-        window: int,
-        progress: Callable[[int, int], None] | None = None,
-    ):
-        super().__init__(prepared.rows, submit, window, progress)
-        self.prepared = prepared
-        self.streams: list[DeltaStream | ChoiceStream] = []  # a streamed request's, per row
-
-
 class TranslationService:
     """Parses, tokenises, generates and renders; never raises for a single bad request."""
 
-    def __init__(self, engine: Engine, settings: Settings, recorder: Recorder | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        recorder: Recorder | None = None,
+        memory: TranslationMemory | None = None,
+    ):
         self.engine = engine
         self.settings = settings
         self.recorder: Recorder = recorder or NullRecorder()
         # The model family: its prompt templates and the request fields it supports.
         self.profile = detect_profile(settings.model_path, settings.loading.prompt_family)
+        # The translation memory (memory None: off): rows served without the engine.
+        self.memory = Memorised(memory, self.profile.name, settings)
 
     def parse(self, body: Any) -> TranslationRequest | ChatRequest:
         """One request API body (either form) validated against the settings and the model
-        family. Raises InvalidRequest (400) or PayloadTooLarge (413).
+        family, its translation memory fields taken out first (``"cache"``, the front end's
+        ``"cache_namespace"``). Raises InvalidRequest (400) or PayloadTooLarge (413).
         """
-        return parse_body(body, self.settings, self.profile)
+        body, choice = take_choice(body)
+        request = parse_body(body, self.settings, self.profile)
+        self.memory.note(request, choice)
+        return request
 
     def prepare(
         self, requests: Sequence[TranslationRequest | ChatRequest | ServiceError]
@@ -128,15 +128,24 @@ class TranslationService:
     ) -> list[Generated]:
         """TorchServe's batch mode: every valid request's rows go to the engine together, and
         the engine runs on this thread until they are done; streaming requests (when a
-        ``sink`` is given) send their text deltas or their progress as they come."""
+        ``sink`` is given) send their text deltas or their progress as they come. Rows found
+        in the translation memory are served from it, the rows generated are kept there."""
+        recall = self.memory.recall(outcomes)
+        generated = self._generate(outcomes, sink, recall)
+        self._remember(outcomes, generated, recall)
+        return generated
+
+    def _generate(
+        self, outcomes: Sequence[Outcome], sink: StreamSink | None, recall: Recall
+    ) -> list[Generated]:
         started = time.perf_counter()
-        flights = self._submit_all(outcomes, sink, _at_once)
-        live = [flight for flight in flights if isinstance(flight, _InFlight)]
+        flights = self._submit_all(outcomes, sink, _at_once, recall)
+        live = [flight for flight in flights if isinstance(flight, InFlight)]
         try:
             self.engine.run([flight.done for flight in live])
         except Exception as error:  # the engine failed as a whole: every request of the batch
             failure = as_service_error(error, rows=sum(len(f.futures) for f in live))
-            return [failure if isinstance(f, _InFlight) else f for f in flights]
+            return [failure if isinstance(f, InFlight) else f for f in flights]
         generated = self._collect(flights, started)
         check = self._judge(outcomes, generated)
         if check is None:
@@ -155,15 +164,25 @@ class TranslationService:
     ) -> list[Generated]:
         """TorchServe's async mode: like :meth:`generate`, but awaited: the engine steps on
         its own and batches these rows with those of every other request in flight; stream
-        events reach ``sink`` on the event loop."""
+        events reach ``sink`` on the event loop. The memory's lookup runs off the loop."""
+        recall = Recall()
+        if self.memory.on and any(isinstance(o, Prepared) for o in outcomes):
+            recall = await asyncio.to_thread(self.memory.recall, outcomes)
+        generated = await self._generate_async(outcomes, sink, recall)
+        self._remember(outcomes, generated, recall)
+        return generated
+
+    async def _generate_async(
+        self, outcomes: Sequence[Outcome], sink: StreamSink | None, recall: Recall
+    ) -> list[Generated]:
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
 
         def hop(call: Callable[[], None]) -> None:
             loop.call_soon_threadsafe(call)
 
-        flights = self._submit_all(outcomes, sink, hop)
-        dones = [flight.done for flight in flights if isinstance(flight, _InFlight)]
+        flights = self._submit_all(outcomes, sink, hop, recall)
+        dones = [flight.done for flight in flights if isinstance(flight, InFlight)]
         if dones:
             await asyncio.wait([asyncio.wrap_future(done, loop=loop) for done in dones])
         generated = self._collect(flights, started)
@@ -181,16 +200,23 @@ class TranslationService:
         return self._checked(check, generated, started)
 
     def _submit_all(
-        self, outcomes: Sequence[Outcome], sink: StreamSink | None, hop: Hop
-    ) -> list[_InFlight | ServiceError]:
+        self, outcomes: Sequence[Outcome], sink: StreamSink | None, hop: Hop, recall: Recall
+    ) -> list[InFlight | ServiceError]:
         valid = [o for o in outcomes if isinstance(o, Prepared)]
         if valid:
-            self.recorder.batch(requests=len(valid), rows=sum(len(o.rows) for o in valid))
-        return [self._submit(i, o, sink, hop) for i, o in enumerate(outcomes)]
+            served = recall.count()
+            rows = sum(len(o.rows) for o in valid) - served
+            self.recorder.batch(requests=len(valid), rows=rows)
+        return [self._submit(i, o, sink, hop, recall.served(i)) for i, o in enumerate(outcomes)]
 
     def _submit(
-        self, index: int, outcome: Outcome, sink: StreamSink | None, hop: Hop
-    ) -> _InFlight | ServiceError:
+        self,
+        index: int,
+        outcome: Outcome,
+        sink: StreamSink | None,
+        hop: Hop,
+        served: Served,
+    ) -> InFlight | ServiceError:
         """Start feeding a valid request's rows to the engine; a refusal (e.g. Overloaded)
         fails the request and withdraws its rows already submitted."""
         if isinstance(outcome, ServiceError):
@@ -202,11 +228,12 @@ class TranslationService:
             progress = lambda done, total: hop(  # noqa: E731
                 lambda: send(index, {"progress": {"done": done, "total": total}})
             )
-        flight = _InFlight(
+        flight = InFlight(
             outcome,
             lambda row: self.engine.submit(row, listeners.get(id(row))),
             self.settings.scheduler.document_window_rows,
             progress,
+            served,
         )
         if send is not None and outcome.document is None:
             flight.streams = self._streams(outcome.request, functools.partial(send, index))
@@ -230,7 +257,7 @@ class TranslationService:
         ]
 
     def _collect(
-        self, flights: Sequence[_InFlight | ServiceError], started: float
+        self, flights: Sequence[InFlight | ServiceError], started: float
     ) -> list[Generated]:
         """Each request's results, or the first failure among its rows."""
         generated: list[Generated] = []
@@ -244,11 +271,11 @@ class TranslationService:
             if failure is not None:
                 generated.append(as_service_error(failure, rows=len(flight.futures)))
                 continue
-            results = [future.result() for future in flight.futures if future is not None]
+            results = flight.results()
             for stream, result in zip(flight.streams, results, strict=False):
                 stream.finish(result.text)
-            rows.extend(flight.prepared.rows)
-            done.extend(results)
+            rows.extend(flight.rows)  # the engine's work: the rows not served from memory
+            done.extend(flight.made())
             request = flight.prepared.request
             if isinstance(request, ChatRequest):  # the text the client gets: before its stop
                 stopped = [apply_stop(r, request.stop, self.engine.decode) for r in results]
@@ -258,6 +285,15 @@ class TranslationService:
         if done:
             self._record(rows, done, time.perf_counter() - started)
         return generated
+
+    def _remember(
+        self, outcomes: Sequence[Outcome], generated: Sequence[Generated], recall: Recall
+    ) -> None:
+        """Keep the batch's new translations; its memory counts to the metrics."""
+        self.memory.keep(outcomes, generated, recall)
+        hits, misses, evictions = self.memory.counts()
+        if hits or misses or evictions:
+            self.recorder.memory(hits=hits, misses=misses, evictions=evictions)
 
     def _judge(self, outcomes: Sequence[Outcome], generated: Sequence[Generated]) -> Check | None:
         """Each translated row's language against its target, and the rows to generate once
@@ -324,6 +360,7 @@ class TranslationService:
                     request_id,
                     result.target_language,
                 )
+                body = with_usage(body, self.memory.served(outcome))
                 replies.append(Reply(200, body, outcome.request.stream))
                 continue
             assert isinstance(result, Translated)
@@ -338,6 +375,7 @@ class TranslationService:
                 outcome.document,
                 result.target_language,
             )
+            body = with_usage(body, self.memory.served(outcome))
             replies.append(Reply(200, body, outcome.request.stream))
         return replies
 
