@@ -140,9 +140,12 @@ class DocumentJobs:
                 await asyncio.to_thread(self.store.finish, job.id, "done", result=data)
                 return
             if status == 200 and isinstance(answer.get("segment_translations"), dict):
+                before = len(done)
                 fingerprint = await self._store(job, answer, done)
-                patience.progressed()
-                continue
+                if len(done) > before:
+                    patience.progressed()
+                    continue
+                status = 502  # a reply that moved nothing on: waited for like a failure
             if status == 400 and answer.get("field") == FINGERPRINT_FIELD and done:
                 # The document splits otherwise now (another tokenizer or budget after a
                 # restart): the stored segments belong to another split, start again.
