@@ -121,14 +121,15 @@ def test_isolation_gives_each_namespace_its_own_memory(
     body = {"text": "Thanks.", "target_lang": "es"}
     run(handler, {**body, "cache_namespace": "team-a"})
     run(handler, {**body, "cache_namespace": "team-b"})
-    run(handler, body)
-    assert len(fake_engine.rows) == 3
     run(handler, {**body, "cache_namespace": "team-a"})
-    assert len(fake_engine.rows) == 3
+    assert len(fake_engine.rows) == 2
+    run(handler, body)  # isolated: a request that names no namespace skips the memory
+    run(handler, body)
+    assert len(fake_engine.rows) == 4
     shared = make_handler(tmp_path / "shared")  # isolation off: the namespace plays no part
     run(shared, {**body, "cache_namespace": "team-a"})
     run(shared, {**body, "cache_namespace": "team-b"})
-    assert len(fake_engine.rows) == 4
+    assert len(fake_engine.rows) == 5
 
 
 def test_a_documents_repeated_segments_and_its_second_run(

@@ -55,10 +55,11 @@ HEADER_LIMIT = 64 * 1024 * 1024  # a safetensors header past this is not one
 
 @dataclass(frozen=True)
 class Choice:
-    """A request's own say about the memory: ``cache`` (None: not said) and its namespace."""
+    """A request's own say about the memory: ``cache`` (None: not said) and its namespace
+    (None: not named; with the memory isolated per key such a request does not use it)."""
 
     cache: bool | None = None
-    namespace: str = ""
+    namespace: str | None = None
 
 
 def take_choice(body: Any) -> tuple[Any, Choice]:
@@ -70,14 +71,16 @@ def take_choice(body: Any) -> tuple[Any, Choice]:
     if not isinstance(body, dict) or not ({CACHE_FIELD, NAMESPACE_FIELD} & body.keys()):
         return body, Choice()
     rest = dict(body)
-    cache, namespace = rest.pop(CACHE_FIELD, None), rest.pop(NAMESPACE_FIELD, "")
+    cache, namespace = rest.pop(CACHE_FIELD, None), rest.pop(NAMESPACE_FIELD, None)
     if cache is not None and not isinstance(cache, bool):
         raise InvalidRequest(
             f"cache must be true or false, got {brief(cache)}",
             allowed="true, false",
             field=CACHE_FIELD,
         )
-    if not isinstance(namespace, str) or len(namespace) > MAX_NAMESPACE_CHARS:
+    if namespace is not None and (
+        not isinstance(namespace, str) or len(namespace) > MAX_NAMESPACE_CHARS
+    ):
         raise InvalidRequest(
             f"cache_namespace must be a string of at most {MAX_NAMESPACE_CHARS} characters, "
             f"got {brief(namespace)}",

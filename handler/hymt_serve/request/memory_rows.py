@@ -148,7 +148,9 @@ class Memorised:
     def _keys(self, outcome: Prepared) -> dict[int, str]:
         assert self.memory is not None
         choice = self._choices.get(outcome.request, Choice())
-        namespace = choice.namespace if self.isolated else ""
+        namespace = self._namespace(choice)
+        if namespace is None:
+            return {}
         return {
             index: row_key(self.memory.model, namespace, row)
             for index, row in enumerate(outcome.rows)
@@ -189,8 +191,7 @@ class Memorised:
     ) -> list[Entry]:
         assert self.memory is not None
         request = outcome.request
-        choice = self._choices.get(request, Choice())
-        namespace = choice.namespace if self.isolated else ""
+        namespace = self._namespace(self._choices.get(request, Choice())) or ""
         plain = isinstance(request, TranslationRequest) and is_plain(request)
         verdicts = result.target_language
         entries = []
@@ -215,6 +216,11 @@ class Memorised:
                 )
             )
         return entries
+
+    def _namespace(self, choice: Choice) -> str | None:
+        """The namespace of a request's rows: "" (one memory) unless isolated per key; then
+        the one it names, None (no memory) when it names none."""
+        return choice.namespace if self.isolated else ""
 
     def _keepable(self, verdict: str | None) -> bool:
         """A row judged wrong in the end is kept only when the check only reports."""

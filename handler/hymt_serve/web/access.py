@@ -17,14 +17,16 @@ the awaits of the block and let go even when the request is cancelled):
 - ``limits.hold(client_name(key))`` (:class:`.fairness.KeyLimits`): one request in progress of
   that key, 429 past ``--requests-per-key``; :func:`held` does nothing without a key;
 - :func:`counted`: the characters counted against the key's limit (``QuotaReached`` past it),
-  given back unless the block reports a 200.
+  given back unless the block reports a 200; :func:`memory_refund` then gives back those the
+  reply says its translation memory served (``usage.memory_characters``: no model work, not
+  billed), and :func:`with_namespace` names the key to the memory (isolation per key).
 
 A new route module names its routes, adds any own-key ones to ``OWN_KEYS``, and calls these.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -33,6 +35,7 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hymt_serve.request.memory_key import NAMESPACE_FIELD
 from hymt_serve.web.fairness import KeyLimits
 from hymt_serve.web.keys import ClientKey, ClientKeys, bearer
 from hymt_serve.web.torchserve import json_response
@@ -125,6 +128,32 @@ def held(limits: KeyLimits, key: ClientKey | None) -> AbstractContextManager[Non
     """One request in progress for ``key`` (Busy 429 past its limit); nothing counted without
     a key (on loopback the front end cannot tell its clients apart)."""
     return limits.hold(client_name(key)) if key is not None else nullcontext()
+
+
+def memory_characters(body: Any) -> int:
+    """The characters a reply says its translation memory served (``usage.memory_characters``,
+    0 when absent): they cost no model work and are not billed."""
+    usage = body.get("usage") if isinstance(body, Mapping) else None
+    found = usage.get("memory_characters") if isinstance(usage, Mapping) else None
+    return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else 0
+
+
+def memory_refund(keys: ClientKeys | None, key: ClientKey | None, body: Any) -> int:
+    """Give ``key`` back the characters the reply ``body`` served from the translation memory
+    (after a 200 whose characters were counted); returns them. Nothing without a key."""
+    characters = memory_characters(body)
+    if characters and keys is not None and key is not None:
+        keys.refund(key, characters)
+    return characters
+
+
+def with_namespace(body: dict[str, Any], key: ClientKey | None, isolated: bool) -> dict[str, Any]:
+    """A request API body as it goes to TorchServe. Where the translation memory is isolated
+    per key (``isolated``: the handler says so), its ``cache_namespace`` is ``key``'s name (""
+    without a key); elsewhere it has none. A client's own is always dropped: it would read
+    another key's memory."""
+    rest = {name: value for name, value in body.items() if name != NAMESPACE_FIELD}
+    return {**rest, NAMESPACE_FIELD: key.name if key else ""} if isolated else rest
 
 
 @contextmanager

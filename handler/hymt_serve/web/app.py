@@ -23,9 +23,11 @@ jobs in progress.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ipaddress
-from collections.abc import AsyncIterator, Awaitable, Callable
+import json
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -47,12 +49,15 @@ from hymt_serve.web.access import (
     client_key,
     counted,
     held,
+    memory_refund,
+    with_namespace,
 )
 from hymt_serve.web.bodies import json_object
 from hymt_serve.web.compat import compat_routes
 from hymt_serve.web.deepl_documents import DocumentJobs, document_routes
 from hymt_serve.web.fairness import Busy, KeyLimits, Upstream
-from hymt_serve.web.keys import ClientKeys
+from hymt_serve.web.keys import ClientKey, ClientKeys
+from hymt_serve.web.memory_front import FastPath
 from hymt_serve.web.oip_routes import oip_routes
 from hymt_serve.web.openai_routes import openai_routes
 from hymt_serve.web.refine import refine
@@ -104,7 +109,11 @@ def create_app(
     limits = limits or KeyLimits()
     torchserve = TorchServe(server)
     torchserve.upstream = upstream or Upstream(functools.partial(torchserve.queue_size, model))
-    routes = _page_routes(torchserve, model, refine_model, client_keys, limits)
+    fast: FastPath | None = None
+    if client_keys is not None:  # the translation memory's fast path, in the keys' database
+        url = client_keys.store.engine.url.render_as_string(hide_password=False)
+        fast = FastPath(torchserve, model, url)
+    routes = _page_routes(torchserve, model, refine_model, client_keys, limits, fast)
     jobs: DocumentJobs | None = None
     if client_keys is not None:
         max_texts = _max_texts(torchserve, model)
@@ -112,7 +121,7 @@ def create_app(
         jobs = DocumentJobs(torchserve.post, model, client_keys)
         routes += document_routes(jobs, client_keys)
         routes += oip_routes(torchserve, model, client_keys, limits)
-        routes += openai_routes(torchserve, model, client_keys, limits)
+        routes += openai_routes(torchserve, model, client_keys, limits, fast)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -125,6 +134,8 @@ def create_app(
             if jobs is not None:
                 await jobs.close()
             await torchserve.close()
+            if fast is not None:
+                await fast.close()
             if client_keys is not None:
                 # The usage counted since the last turn, written on a worker thread (the
                 # database call blocks).
@@ -141,6 +152,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.torchserve, app.state.limits, app.state.client_keys = torchserve, limits, client_keys
+    app.state.fast = fast  # the translation memory's fast path (None without keys)
     return app
 
 
@@ -150,8 +162,10 @@ def _page_routes(
     refine_model: str | None,
     client_keys: ClientKeys | None,
     limits: KeyLimits,
+    fast: FastPath | None,
 ) -> list[BaseRoute]:
-    """The page, its files and its API (``/api/*``)."""
+    """The page, its files and its API (``/api/*``); a plain request all of whose texts the
+    translation memory holds is answered by ``fast`` without TorchServe."""
 
     async def page(request: Request) -> Response:
         return FileResponse(STATIC / "index.html")
@@ -189,10 +203,14 @@ def _page_routes(
         if body is None:
             return json_response(NOT_JSON, 400)
         key = client_key(request)
+        body = _with_default_stream(body)
+        if fast is not None and (served := await fast.answer(body, key)) is not None:
+            return served  # from the memory: no model work, nothing counted
         with held(limits, key), counted(client_keys, key, _characters(body)) as outcome:
-            answer = await torchserve.forward(model, _with_default_stream(body))
+            isolated = fast is not None and fast.isolated
+            answer = await torchserve.forward(model, with_namespace(body, key, isolated))
             outcome.append(answer.status_code)
-            return answer
+        return _refunding(answer, client_keys, key)
 
     async def refine_translation(request: Request) -> Response:
         """Candidates from the translation model, refined by Chimera (:mod:`.refine`)."""
@@ -221,6 +239,33 @@ def _page_routes(
         Route("/api/translate", translate, methods=["POST"]),
         Route("/api/refine", refine_translation, methods=["POST"]),
     ]
+
+
+def _refunding(answer: Response, keys: ClientKeys | None, key: ClientKey | None) -> Response:
+    """``answer``, the characters its translation memory served given back to ``key`` once
+    known: at once for a whole answer, at the end of a stream (its last line's usage)."""
+    if answer.status_code != 200 or key is None:
+        return answer
+    if isinstance(answer, StreamingResponse):
+        answer.body_iterator = _watching(answer.body_iterator, keys, key)
+    elif b'"memory_characters"' in answer.body:
+        memory_refund(keys, key, json.loads(bytes(answer.body)))
+    return answer
+
+
+async def _watching(
+    chunks: AsyncIterable[Any], keys: ClientKeys | None, key: ClientKey
+) -> AsyncIterator[Any]:
+    """``chunks`` passed on; the last line's memory characters refunded after the last."""
+    tail = b""
+    async for chunk in chunks:
+        yield chunk
+        data = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+        lines = (tail + data).rstrip(b"\n").rsplit(b"\n", 1)
+        tail = lines[-1] + (b"\n" if data.endswith(b"\n") else b"")
+    if b'"memory_characters"' in tail:
+        with contextlib.suppress(ValueError):  # not a reply line: nothing to refund
+            memory_refund(keys, key, json.loads(tail))
 
 
 def _max_texts(torchserve: TorchServe, model: str) -> Callable[[], Awaitable[int]]:

@@ -21,6 +21,7 @@ cannot be reached. A stream's status went out with its first event: an error aft
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -32,9 +33,18 @@ from starlette.routing import BaseRoute, Route
 
 from hymt_serve.request import openai_api, openai_reply
 from hymt_serve.request.openai_api import Call, OpenAIError
-from hymt_serve.web.access import QUOTA_REACHED, QuotaReached, bearer_key, counted, held
+from hymt_serve.web.access import (
+    QUOTA_REACHED,
+    QuotaReached,
+    bearer_key,
+    counted,
+    held,
+    memory_refund,
+    with_namespace,
+)
 from hymt_serve.web.fairness import RETRY_AFTER_S, Busy, KeyLimits
 from hymt_serve.web.keys import ClientKey, ClientKeys
+from hymt_serve.web.memory_front import FastPath
 from hymt_serve.web.torchserve import (
     UPSTREAM_ERRORS,
     Relay,
@@ -52,13 +62,19 @@ NO_KEY = (
 WRONG_KEY = "Incorrect API key provided: use a key of hymt web's key file"
 NOT_A_REPLY = "the model server's reply is not a chat-form reply"
 NOT_JSON_LINE = {"error": "the model server sent a line that is not a JSON object"}
+Refund = Callable[[Any], int]  # a reply's translation memory characters given back to its key
 
 
 def openai_routes(
-    torchserve: TorchServe, model: str, keys: ClientKeys, limits: KeyLimits
+    torchserve: TorchServe,
+    model: str,
+    keys: ClientKeys,
+    limits: KeyLimits,
+    fast: FastPath | None = None,
 ) -> list[BaseRoute]:
     """OpenAI's routes, answered by ``model`` on ``torchserve`` (its name is the one model id;
-    each key's requests in progress bounded by ``limits``)."""
+    each key's requests in progress bounded by ``limits``; ``fast`` says whether the
+    translation memory is isolated per key)."""
     served = (model,)
     created = int(time.time())  # the models' "created": when this front end started
 
@@ -83,7 +99,8 @@ def openai_routes(
         try:
             key = _client_key(request, keys)
             call = parse(await request.body(), served)
-            return await _answer(torchserve, model, call, keys, key, limits)
+            isolated = fast is not None and fast.isolated
+            return await _answer(torchserve, model, call, keys, key, limits, isolated)
         except OpenAIError as error:
             return _refusal(error)
         except QuotaReached:
@@ -136,43 +153,56 @@ async def _answer(
     keys: ClientKeys,
     key: ClientKey,
     limits: KeyLimits,
+    isolated: bool,
 ) -> Response:
     """``call`` sent to ``model``: the whole response, or the stream once it has begun.
     Raises OpenAIError for a refusal (its characters given back), QuotaReached, Busy."""
+    refund = functools.partial(memory_refund, keys, key)
     with held(limits, key), counted(keys, key, call.characters) as outcome:
-        answer = await (_streamed if call.stream else _whole)(torchserve, model, call)
+        send = _streamed if call.stream else _whole
+        answer = await send(
+            torchserve, model, call, with_namespace(call.forward, key, isolated), refund
+        )
         outcome.append(answer.status_code)
         return answer
 
 
-async def _whole(torchserve: TorchServe, model: str, call: Call) -> Response:
-    status, reply = await torchserve.post(model, call.forward)
+async def _whole(
+    torchserve: TorchServe, model: str, call: Call, forward: dict[str, Any], refund: Refund
+) -> Response:
+    status, reply = await torchserve.post(model, forward)
     if status != 200:
         raise _upstream_error(status, reply)
+    refund(reply)  # the characters its translation memory served: not billed
     try:
         return json_response(openai_reply.response(call, reply))
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise OpenAIError(500, NOT_A_REPLY, kind="server_error") from error
 
 
-async def _streamed(torchserve: TorchServe, model: str, call: Call) -> Response:
+async def _streamed(
+    torchserve: TorchServe, model: str, call: Call, forward: dict[str, Any], refund: Refund
+) -> Response:
     try:
-        streamed = await torchserve.stream(model, call.forward)
+        streamed = await torchserve.stream(model, forward)
     except UpstreamFailed as failed:
         raise _upstream_error(failed.status, failed.body) from None
     headers = {"Cache-Control": "no-cache"}
-    return Relay(streamed, _events(streamed, call), SSE, headers)
+    return Relay(streamed, _events(streamed, call, refund), SSE, headers)
 
 
-async def _events(streamed: Streamed, call: Call) -> AsyncIterator[str]:
+async def _events(streamed: Streamed, call: Call, refund: Refund) -> AsyncIterator[str]:
     """The server-sent events for TorchServe's NDJSON lines, ending in ``data: [DONE]``
-    however TorchServe's stream ends."""
+    however TorchServe's stream ends; the reply's memory characters given back at its line."""
     stream = openai_reply.Stream(call)
     for event in stream.opening():
         yield event
     try:
         async for line in streamed.lines():
-            for event in stream.event(_line(line)):
+            parsed = _line(line)
+            if "usage" in parsed:
+                refund(parsed)
+            for event in stream.event(parsed):
                 yield event
             if stream.finished:
                 break
