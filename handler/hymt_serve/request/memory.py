@@ -2,11 +2,12 @@
 
 :class:`TranslationMemory` looks rows up by key in one query (:meth:`~TranslationMemory.recall`,
 or by the front end's plain key), and keeps new translations and the hits' ``last_used`` through
-a writer thread that flushes every :data:`FLUSH_S` in one transaction, so a request never waits
-for a write. Past ``max_rows`` the least recently used rows go, :data:`EVICT_SHARE` of the bound
-at a time, checked at most every :data:`EVICT_CHECK_S`. A database that fails is logged and
-skipped: a lookup that fails finds nothing, a write that fails is dropped; a translation never
-fails because of its memory.
+a writer thread that writes whatever was queued since its last turn in one transaction, so a
+request never waits for a write (this process's lookups find what waits for the writer). Past
+``max_rows`` the least recently used rows go, :data:`EVICT_SHARE` of the bound at a time,
+checked at most every :data:`EVICT_CHECK_S`. A database that fails is logged and skipped: a
+lookup that fails finds nothing, a write that fails is dropped; a translation never fails
+because of its memory.
 
 The table is the one migration 0002 creates (``web/migrations/versions``; a test keeps the two
 equal); a worker that starts before ``hymt web`` creates it itself (the migration then finds
@@ -36,7 +37,6 @@ URL_VARIABLE = "HYMT_DATABASE_URL"
 WORK_DIR_VARIABLE = "HYMT_WORK_DIR"  # set by hymt start for its workers
 ADVISORY_LOCK = 0x68796D74  # PostgreSQL: the front end's migration lock (web/database.py)
 BUSY_TIMEOUT_MS = 10_000
-FLUSH_S = 0.2  # the writer's turn: what was kept or hit since is written in one transaction
 EVICT_CHECK_S = 10.0  # the row count is read at most this often (only after writes)
 EVICT_SHARE = 0.05  # past the bound, the least recently used rows go down to 95 % of it
 CHUNK = 500  # keys per lookup statement (SQLite binds at most 32,766 parameters)
@@ -153,6 +153,7 @@ class TranslationMemory:
         self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._inserted = 0
+        self._unwritten: dict[str, Entry] = {}  # kept, not yet written: found by recall
         self._checked = 0.0  # when the row count was last read
         self._writer = threading.Thread(target=self._write_loop, name="memory-writer", daemon=True)
         self._writer.start()
@@ -177,7 +178,8 @@ class TranslationMemory:
         wanted = list(dict.fromkeys(keys))
         if not wanted:
             return {}
-        table, found = translation_memory, {}
+        table, found = translation_memory, self._queued(column.name, wanted)
+        wanted = [key for key in wanted if key not in found]
         try:
             with self.engine.connect() as connection:
                 for start in range(0, len(wanted), CHUNK):
@@ -193,6 +195,24 @@ class TranslationMemory:
             self._queue.put(("touch", (column.name, list(found))))
         return found
 
+    def _queued(self, column: str, wanted: Sequence[str]) -> dict[str, Found]:
+        """The entries under ``wanted`` that wait for the writer (a request right after the
+        one that made them finds them)."""
+        with self._lock:
+            if not self._unwritten:
+                return {}
+            if column == "key":
+                hits = [self._unwritten[key] for key in wanted if key in self._unwritten]
+            else:
+                plain = set(wanted)
+                hits = [e for e in self._unwritten.values() if e.plain_key in plain]
+        return {
+            e.key if column == "key" else str(e.plain_key): Found(
+                e.text, e.token_ids, e.finish_reason, e.prompt_tokens, e.template, e.target_language
+            )
+            for e in hits
+        }
+
     def tally(self, *, hits: int = 0, misses: int = 0, evictions: int = 0) -> None:
         """Add to the counts (lookups run on several threads in async mode)."""
         with self._lock:
@@ -203,6 +223,8 @@ class TranslationMemory:
     def keep(self, entries: Sequence[Entry]) -> None:
         """Queue ``entries`` for the writer (a newer translation replaces an older one)."""
         if entries:
+            with self._lock:
+                self._unwritten.update((entry.key, entry) for entry in entries)
             self._queue.put(("keep", list(entries)))
 
     def announce(self, model_name: str, marker: str) -> None:
@@ -238,11 +260,10 @@ class TranslationMemory:
     def _write_loop(self) -> None:
         stop = False
         while not stop:
-            batch = [self._queue.get()]
-            deadline = time.monotonic() + FLUSH_S
-            while batch[-1][0] == "keep" or batch[-1][0] == "touch":
+            batch = [self._queue.get()]  # then all that came meanwhile: one transaction
+            while True:
                 try:
-                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                    batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
             stop = any(kind == "stop" for kind, _ in batch)
@@ -253,7 +274,7 @@ class TranslationMemory:
 
     def _write(self, batch: Sequence[tuple[str, Any]]) -> None:
         """One transaction: the kept entries, then the hits' ``last_used``; then eviction."""
-        entries = [entry for kind, items in batch if kind == "keep" for entry in items]
+        entries: list[Entry] = [e for kind, items in batch if kind == "keep" for e in items]
         touched: dict[str, list[str]] = {}
         for kind, items in batch:
             if kind == "touch":
@@ -273,6 +294,10 @@ class TranslationMemory:
                     self._evict(connection)
         except sa.exc.SQLAlchemyError as error:
             logger.warning("translation memory write failed (dropped): %s", _said(error))
+        with self._lock:  # written (or dropped): the database answers for them now
+            for kept in entries:
+                if self._unwritten.get(kept.key) is kept:
+                    del self._unwritten[kept.key]
 
     def _evict(self, connection: Connection) -> None:
         """Past ``max_rows``: the least recently used rows go, down to 95 % of the bound."""
