@@ -25,6 +25,11 @@ of a plain bf16/fp16 product runs in the tiled kernel too (:func:`plain_row`): i
 weights faster than cuBLAS does at one row. The kernels' code is in
 :mod:`hymt_serve.engine.kernels.weight_only_triton`.
 
+int4 products take :mod:`hymt_serve.engine.kernels.int4_gemm` (a tensor-core GEMM that widens
+the packed words in registers) at every row count unless ``HYMT_INT4_KERNEL`` says
+``gemm-rows`` (the one-row paths below at one row) or ``legacy`` (the paths below at every
+row count), kept to compare.
+
 They run as custom ops, so that compiled step functions carry them: ``hymt::weight_only`` for
 int8 and for int4's one row (partial sums out, summed and scaled inside the next kernel by
 inductor); ``hymt::int4_rows`` for int4's larger batches, which picks its path inside: up to 256
@@ -42,8 +47,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from hymt_serve.engine.kernels import ahead
+from hymt_serve.engine.kernels import ahead, int4_gemm
 from hymt_serve.engine.kernels import weight_only_triton as kernels
+from hymt_serve.engine.kernels.int4_gemm import sum_splits as sum_splits
+from hymt_serve.engine.kernels.int4_gemm import widen_int4 as widen_int4
 
 # The weight forms and their reference arithmetic live in weight_forms; named here too, where
 # the kernels' callers and tests look for them.
@@ -123,9 +130,10 @@ INT4_TALL_ROWS = 64
 INT4_TALL_CONFIG = Config(128, 64, 64, 8, 3, 264)  # more than INT4_TALL_ROWS rows
 DEEP_ROWS = 256
 # A row count of each class the kernels' configs tell apart (one, few, the many-rows tiles of
-# 32, 64 and 128 rows, int4's tall tiles, widened above DEEP_ROWS): the rows with which the
+# 32, 64 and 128 rows, int4's tall tiles, widened above DEEP_ROWS; int4_gemm's tiles of 16,
+# 64 and 128 rows, whose splits may change at two tiles of 128): the rows with which the
 # engine compiles its kernels ahead (hymt_serve.engine.kernels.ahead).
-ROW_CLASSES = (1, 2, 32, 64, 128, 2 * DEEP_ROWS)
+ROW_CLASSES = (1, 2, 32, 64, 128, DEEP_ROWS, 2 * DEEP_ROWS)
 
 
 # One row of a plain (bf16/fp16) product: the tiled kernel with one live row of its 16 is
@@ -246,6 +254,8 @@ def linear(x: Tensor, weight: Tensor, scale: Tensor, fits_fp16: bool = False) ->
     if not kernel_available(x) or (kind == INT4 and in_features(weight) // scale.shape[1] % 128):
         return reference(x, weight, scale)  # (the kernel takes int4 groups of 128 inputs or more)
     group = in_features(weight) // scale.shape[1] if kind == INT4 else 0
+    if kind == INT4 and int4_gemm.applies(x.shape[0]):
+        return int4_gemm.linear(x, weight, scale, group)
     if kind == INT4 and x.shape[0] > 1:
         # Batch 1 is specialised and a dynamic batch is 2 or more: no guard, no third graph.
         out: Tensor = torch.ops.hymt.int4_rows(x.contiguous(), weight, scale, group)
@@ -345,32 +355,6 @@ def _int4_rows(x: Tensor, weight: Tensor, scale: Tensor, group: int) -> Tensor:
 @_int4_rows.register_fake
 def _(x: Tensor, weight: Tensor, scale: Tensor, group: int) -> Tensor:
     return x.new_empty(x.shape[0], out_features(weight))
-
-
-WIDEN_WORDS, WIDEN_COLUMNS = 16, 128  # the widening kernel's tile: 128 inputs by 128 columns
-
-
-def widen_int4(weight: Tensor, scale: Tensor, group: int, dtype: torch.dtype) -> Tensor:
-    """An int4 weight as ``[in, out]`` in ``dtype``, in one kernel, for cuBLAS (``group``: a
-    multiple of 128, as :func:`linear` checks). Used above ``DEEP_ROWS`` rows: the tiled
-    kernel's deep products (``int4_deep``) beat it up to there and were not measured beyond."""
-    inputs, cols = in_features(weight), out_features(weight)
-    out = torch.empty(inputs, cols, dtype=dtype, device=weight.device)
-    grid = (triton.cdiv(inputs // 8, WIDEN_WORDS), triton.cdiv(cols, WIDEN_COLUMNS))
-    ahead.run(
-        kernels.widen_int4_kernel, grid, weight, scale, out, cols, inputs, GROUP=group,
-        WORDS=WIDEN_WORDS, BLOCK_N=WIDEN_COLUMNS,
-    )  # fmt: skip
-    return out
-
-
-def sum_splits(parts: Tensor, dtype: torch.dtype) -> Tensor:
-    """``parts [splits, rows, out]`` (fp32) summed over the splits, in ``dtype``."""
-    out = parts.new_empty(parts.shape[1:], dtype=dtype)
-    size, block = out.numel(), 1024
-    grid = (triton.cdiv(size, block),)
-    ahead.run(kernels.sum_splits_kernel, grid, parts, out, size, parts.shape[0], BLOCK=block)
-    return out
 
 
 def _kernels() -> tuple[Any, Any]:
