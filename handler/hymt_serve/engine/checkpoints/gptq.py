@@ -15,8 +15,9 @@ Loading dequantizes each projection into the model (what transformers' forward s
 the fast engine is not used) and keeps it in the weight-only kernel's int4 form
 (:mod:`hymt_serve.engine.kernels.weight_only`: the packed ``qweight`` as it is, fp16 scales and zero
 points ``[2, groups, out]``), which the fast engine takes instead, releasing the dequantized
-copy. A projection whose ``g_idx`` is not ``column // group_size`` (act-order without static
-groups) keeps the dequantized path.
+copy: its products read the packed words and widen them in registers on tensor cores at every
+batch (:mod:`hymt_serve.engine.kernels.int4_gemm`). A projection whose ``g_idx`` is not
+``column // group_size`` (act-order without static groups) keeps the dequantized path.
 """
 
 from __future__ import annotations

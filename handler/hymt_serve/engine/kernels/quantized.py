@@ -1,7 +1,8 @@
 """Quantized projections for the fast engine: FP8 (e4m3, tensor-wise weight scales, inputs
 scaled by a checkpoint's static scale or per token, on FP8 tensor cores), int8 weight-only (a
-scale per output row) and int4 weight-only (GPTQ's packing, a scale per 128 inputs), the
-product that runs each, and taking an FP8 checkpoint's weights with their own scales
+scale per output row) and int4 weight-only (GPTQ's packing, a scale per 128 inputs, on tensor
+cores at every batch: :mod:`hymt_serve.engine.kernels.int4_gemm`), the product that runs each,
+and taking an FP8 checkpoint's weights with their own scales
 (:mod:`hymt_serve.engine.checkpoints.fp8`).
 """
 
