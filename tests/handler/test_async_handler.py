@@ -33,6 +33,9 @@ BODIES: list[Any] = [
 ]
 
 
+CLOSE_WAIT_S = 1.0  # for the engine process to exit on its own before it is killed
+
+
 def settings(model_dir: Path) -> dict[str, Any]:
     return {
         "model_path": str(model_dir),
@@ -80,7 +83,10 @@ async def all_at_once(handler: HunyuanMTHandler, context: Any) -> list[tuple[int
 def async_handler(tiny_model_dir: Path) -> Any:
     handler, context = start(tiny_model_dir, **ASYNC)
     yield handler, context
-    handler._service().engine.close()  # type: ignore[attr-defined]
+    # close() waits for the child to see the pipe close, which it does not while the worker's
+    # reader thread is blocked reading that pipe (Linux keeps the socket open under a pending
+    # read): without a short wait the child is killed only after close()'s 30 s.
+    handler._service().engine.close(timeout=CLOSE_WAIT_S)  # type: ignore[attr-defined]
 
 
 def test_concurrent_requests_match_the_batch_path(

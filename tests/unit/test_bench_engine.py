@@ -8,33 +8,36 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_engine_benchmark_smoke(tmp_path: Path) -> None:
+def bench_engine(out: Path, work: Path, *options: str) -> dict[str, Any]:
+    """Run the engine benchmark on the tiny model (built once in ``work``); its report."""
     command = [
-        sys.executable,
-        str(REPO / "benchmarks/serving/bench_engine.py"),
-        "--tiny",
-        "--out",
-        str(tmp_path / "out"),
-        "--work",
-        str(tmp_path / "work"),
-        "--users",
-        "1,3",
-        "--duration",
-        "1",
-        "--profile-users",
-        "2",
-        "--profile-s",
-        "1",
-        "--mixed-tokens",
-        "256,0",
-    ]
+        sys.executable, str(REPO / "benchmarks/serving/bench_engine.py"), "--tiny",
+        "--out", str(out), "--work", str(work), *options,
+    ]  # fmt: skip
     environ = {**os.environ, "PYTHONPATH": str(REPO / "handler")}
     subprocess.run(command, check=True, env=environ, timeout=600, capture_output=True)
-    report = json.loads((tmp_path / "out/engine.json").read_text())
+    return dict(json.loads((out / "engine.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One run with its default ``--stop eos``, every option the smoke test checks: its output
+    folder and report (also the EOS run the ``--stop sampled`` test compares with)."""
+    tmp_path = tmp_path_factory.mktemp("bench-engine")
+    options = ["--users", "1,3", "--duration", "1", "--profile-users", "2", "--profile-s", "1"]
+    report = bench_engine(tmp_path / "out", tmp_path / "work", *options, "--mixed-tokens", "256,0")
+    return tmp_path, report
+
+
+def test_engine_benchmark_smoke(smoke: tuple[Path, dict[str, Any]]) -> None:
+    tmp_path, report = smoke
     assert [(row["users"], row["mixed_tokens"]) for row in report["rows"]] == [
         (1, 256),
         (1, 0),
@@ -55,24 +58,18 @@ def test_engine_benchmark_smoke(tmp_path: Path) -> None:
         assert "GPU kernel time" in text
 
 
-def test_engine_benchmark_can_stop_rows_at_a_sampled_token(tmp_path: Path) -> None:
+def test_engine_benchmark_can_stop_rows_at_a_sampled_token(
+    smoke: tuple[Path, dict[str, Any]],
+) -> None:
     """``--stop sampled``: rows end at the token a first pass samples most often, as a real
-    model's end at EOS, instead of all running to their known lengths."""
-    reports = {}
-    for stop in ("eos", "sampled"):
-        out = tmp_path / stop
-        command = [
-            sys.executable, str(REPO / "benchmarks/serving/bench_engine.py"), "--tiny",
-            "--out", str(out), "--work", str(tmp_path / "work"), "--users", "3",
-            "--duration", "1", "--stop", stop,
-        ]  # fmt: skip
-        environ = {**os.environ, "PYTHONPATH": str(REPO / "handler")}
-        subprocess.run(command, check=True, env=environ, timeout=600, capture_output=True)
-        reports[stop] = json.loads((out / "engine.json").read_text())
-    assert reports["eos"]["stop_id"] == 127960  # the model's EOS, which random weights never pick
-    assert reports["sampled"]["stop_id"] != 127960
+    model's end at EOS, instead of all running to their known lengths (the smoke run's
+    default ``--stop eos``, with 1 and 3 users, is the comparison)."""
+    folder, eos = smoke
+    options = ["--users", "3", "--duration", "1", "--stop", "sampled"]
+    sampled = bench_engine(folder / "sampled", folder / "work", *options)
+    assert eos["stop_id"] == 127960  # the model's EOS, which random weights never pick
+    assert sampled["stop_id"] != 127960
     # Which requests finish inside the one-second window depends on the machine's speed, so
     # the mean output lengths of the two runs need not order; the rows' ends do.
-    eos, sampled = (reports[k]["rows"][0] for k in reports)
-    assert eos["stopped_requests"] == 0
-    assert sampled["stopped_requests"] > 0
+    assert all(row["stopped_requests"] == 0 for row in eos["rows"])
+    assert sampled["rows"][0]["stopped_requests"] > 0
