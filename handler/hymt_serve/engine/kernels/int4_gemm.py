@@ -5,7 +5,8 @@ once and widened in registers inside the product (:mod:`.int4_gemm_triton`).
 Why: the earlier int4 paths (:mod:`.weight_only`) ran one row on CUDA cores and more rows in a
 tiled kernel whose widening (shift, mask, int-to-float conversion, subtract, convert) cost
 more than the product, 1.4-3 x bf16's time above 16 rows, and widened the whole weight for
-cuBLAS above 256. Here three instructions widen two weights (no conversion instruction), the
+cuBLAS above 256. Here a ``lop3`` and two pair-``fma``s widen two weights (19 instructions a
+word of eight with its shifts and Triton's repacking; no conversion instruction), the
 weight tiles are copied ahead like the inputs' (``num_stages``), and the tiles grow with the
 rows: mma.sync tiles of 16 rows up to 16, Hopper's warpgroup products (wgmma) from 64.
 
@@ -26,6 +27,7 @@ CUDA-core chain kernel at one) or ``legacy`` (the earlier paths), to compare the
 from __future__ import annotations
 
 import os
+from functools import cache
 from typing import NamedTuple
 
 import torch
@@ -112,15 +114,18 @@ def tile_for(rows: int) -> Tile:
 def splits_for(weight: Tensor, rows: int, tile: Tile) -> int:
     """How many parts the input dimension splits into: the least power of two that gives
     ``tile.waves`` waves of programs, each part at least one block."""
-    sms = DEFAULT_SMS
-    if weight.device.type == "cuda":
-        sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
+    sms = _sms(weight.device) if weight.device.type == "cuda" else DEFAULT_SMS
     tiles = -(-rows // tile.block_m) * -(-out_features(weight) // tile.block_n)
     blocks = in_features(weight) // tile.block_k
     splits = 1
     while tiles * splits < tile.waves * sms and splits * 2 <= min(blocks, MAX_SPLITS):
         splits *= 2
     return splits
+
+
+@cache
+def _sms(device: torch.device) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def linear(x: Tensor, weight: Tensor, scale: Tensor, group: int) -> Tensor:
