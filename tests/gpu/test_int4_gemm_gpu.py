@@ -1,8 +1,8 @@
 """The int4 tensor-core GEMM (hymt_serve.engine.kernels.int4_gemm) on the GPU: its compiled
 widening (inline PTX, which Triton's interpreter cannot run: tests/unit/test_int4_gemm.py) and
 bf16 tiles on tensor cores, at a 7B's projection shapes and every batch bucket, against the
-fp32 product of the dequantized weight, against the earlier int4 paths, inside a compiled
-function with a dynamic batch, and in a CUDA graph."""
+fp32 product of the dequantized weight, against the earlier int4 paths, and compiled in a
+CUDA graph."""
 
 from __future__ import annotations
 
@@ -91,9 +91,10 @@ def test_it_agrees_with_the_earlier_int4_paths(monkeypatch: pytest.MonkeyPatch) 
         assert relative(ours, earlier) < 1e-2, rows
 
 
-def test_it_runs_inside_a_compiled_function_with_a_dynamic_batch_and_a_graph() -> None:
-    """torch.compile with the batch dynamic above one row (the engine's two graphs), then one
-    bucket captured in a CUDA graph and replayed on new inputs."""
+def test_a_compiled_bucket_captured_in_a_cuda_graph_replays_on_new_inputs() -> None:
+    """The engine's way (test_weight_only_gpu compiles int4 with a dynamic batch already): a
+    compiled step of 64 rows, its batch dynamic, captured in a CUDA graph and replayed after
+    its input changed (the op's buffers and launches are the graph's own)."""
     torch._dynamo.reset()
     q, scale = int4_weight((1024, 512), 0)
 
@@ -101,13 +102,9 @@ def test_it_runs_inside_a_compiled_function_with_a_dynamic_batch_and_a_graph() -
         return F.silu(weight_only.linear(x, q, scale)) + 1
 
     compiled = torch.compile(project, fullgraph=True)
-    for rows in (1, 5, 9, 40, 130):
-        x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
-        if rows > 1:
-            torch._dynamo.maybe_mark_dynamic(x, 0)
-        assert torch.allclose(compiled(x).float(), project(x).float(), atol=2e-2, rtol=2e-2)
     static = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
-    compiled(static)  # (warm: compiled before capture)
+    torch._dynamo.maybe_mark_dynamic(static, 0)
+    compiled(static)  # (compiled and warm before the capture)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = compiled(static)
