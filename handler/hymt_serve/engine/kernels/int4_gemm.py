@@ -93,14 +93,14 @@ class Tile(NamedTuple):
 # mma.sync tiles of 16 rows, 64 columns and 128 inputs a block (a 4 KB read of packed words,
 # three in flight a program), at least two programs an SM. From 17 rows Hopper's wgmma (64
 # rows a warpgroup) widens each weight once for all the rows, about one wave of programs
-# (each split's partial sums cost a write and a read). (Not yet measured on a GPU: the
-# benchmark commands are in benchmarks/decode/README.md.)
+# (each split's partial sums cost a write and a read). Chosen from the compiled code, not yet
+# from timings (docs/performance.md, int4 on tensor cores).
 TILES: tuple[tuple[int, Tile], ...] = (
     (16, Tile(16, 64, 128, 4, 3, 2.0)),
     (64, Tile(64, 128, 64, 4, 3, 0.9)),
     (LARGEST_ROWS, Tile(128, 128, 64, 8, 3, 0.9)),
 )
-DEFAULT_SMS = 132  # (an H100 SXM: where no CUDA device is asked, as in the CPU tests)
+DEFAULT_SMS = 132  # (where no CUDA device is asked, as in the CPU tests)
 MAX_SPLITS = 16
 
 
