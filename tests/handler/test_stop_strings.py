@@ -40,6 +40,13 @@ def without_stop(engine: Engine) -> tuple[GenerationRow, GenerationResult]:
     return row, whole
 
 
+@pytest.fixture(scope="module")
+def unstopped(engine: Engine) -> tuple[GenerationRow, GenerationResult]:
+    """:func:`without_stop` on the module's engine, generated once for the tests that share
+    that engine (seeded: the same tokens every time)."""
+    return without_stop(engine)
+
+
 def stop_in_the_middle(engine: Engine, whole: GenerationResult) -> tuple[str, int]:
     """A stop string of two tokens' text that the row first completes at a token of its middle
     third, and that token count."""
@@ -52,8 +59,10 @@ def stop_in_the_middle(engine: Engine, whole: GenerationResult) -> tuple[str, in
     pytest.skip("the random model's text has no usable stop string")
 
 
-def test_a_stop_string_ends_the_row_at_the_token_that_completes_it(engine: Engine) -> None:
-    row, whole = without_stop(engine)
+def test_a_stop_string_ends_the_row_at_the_token_that_completes_it(
+    engine: Engine, unstopped: tuple[GenerationRow, GenerationResult]
+) -> None:
+    row, whole = unstopped
     stop, count = stop_in_the_middle(engine, whole)
     stats = engine.scheduler.stats
     steps_before, ended_before = stats["row_steps"], stats["stop_strings"]
@@ -66,8 +75,10 @@ def test_a_stop_string_ends_the_row_at_the_token_that_completes_it(engine: Engin
     assert stats["row_steps"] - steps_before <= count + 2 < MAX_NEW
 
 
-def test_rows_without_the_string_run_on_beside_a_stopped_row(engine: Engine) -> None:
-    row, whole = without_stop(engine)
+def test_rows_without_the_string_run_on_beside_a_stopped_row(
+    engine: Engine, unstopped: tuple[GenerationRow, GenerationResult]
+) -> None:
+    row, whole = unstopped
     stop, _ = stop_in_the_middle(engine, whole)
     stopped, plain, other = engine.generate(
         [replace(row, stop=(stop,)), row, replace(row, stop=("never in this text \u2603",))]
@@ -84,8 +95,10 @@ def test_rows_without_the_string_run_on_beside_a_stopped_row(engine: Engine) -> 
     assert (plain.finish_reason, other.finish_reason) == ("length", "length")
 
 
-def test_a_streamed_row_sends_no_token_past_the_stop(engine: Engine) -> None:
-    row, whole = without_stop(engine)
+def test_a_streamed_row_sends_no_token_past_the_stop(
+    engine: Engine, unstopped: tuple[GenerationRow, GenerationResult]
+) -> None:
+    row, whole = unstopped
     stop, count = stop_in_the_middle(engine, whole)
     sent: list[int] = []
     future = engine.submit(replace(row, stop=(stop,)), sent.extend)
@@ -133,7 +146,8 @@ def test_the_chat_forms_stop_ends_generation_in_the_engine(tiny_model_dir: Path)
 def test_the_engine_process_ends_a_row_at_its_stop_string_too(tiny_model_dir: Path) -> None:
     """Async mode: the row crosses to the engine's own process with its stop strings, which
     ends it there (the child returns ids only; the worker decodes and cuts the text)."""
-    from test_async_handler import one_call  # a test module's helper: async calls
+    # a test module's helper (async calls) and how long closing its engine process waits
+    from test_async_handler import CLOSE_WAIT_S, one_call
 
     settings = {"model_path": str(tiny_model_dir), "max_new_tokens": MAX_NEW, "engine": "hf"}
     handler = HunyuanMTHandler()
@@ -153,7 +167,7 @@ def test_the_engine_process_ends_a_row_at_its_stop_string_too(tiny_model_dir: Pa
         status, _, text = asyncio.run(one_call(handler, context, body, "stop-1"))
         described = handler.describe()["engine"]["scheduler"]
     finally:
-        handler._service().engine.close(timeout=5)  # type: ignore[attr-defined]
+        handler._service().engine.close(timeout=CLOSE_WAIT_S)  # type: ignore[attr-defined]
     assert status == 200, text
     choice = json.loads(text)["choices"][0]
     assert (choice["finish_reason"], choice["output_tokens"]) == ("stop", count)
