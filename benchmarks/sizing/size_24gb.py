@@ -198,6 +198,8 @@ def size(
         step = roofline_step(card, shape, form, rows, mix)
         roofline = roofline_requests(card, shape, form, rows, mix)
         expected, bound = expected_requests(card, shape, form, rows, mix, calibrations)
+        # free when the cache is sized, less the cache; today the bf16 copies that quantizing
+        # releases come back after it
         left = free_before_cache(card, at_load if key == "today" else held)
         left -= cache_bytes(shape, rows, plan) - (at_load - held if key == "today" else 0)
         row[key] = {
