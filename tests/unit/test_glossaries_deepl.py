@@ -210,11 +210,6 @@ def test_translations_with_a_glossary_refused(
     translator.delete_glossary(made)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="deepl_documents.py (the jobs helper's) calls with_glossary once wired: the report "
-    "gives the lines; remove this mark then",
-)
 def test_a_document_with_a_glossary(
     front: tuple[str, ClientKeys], upstream: Upstream, tmp_path: Path
 ) -> None:

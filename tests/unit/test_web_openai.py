@@ -148,7 +148,11 @@ def test_models_are_listed_with_a_key(client: TestClient, keys: ClientKeys) -> N
 def test_other_v1_paths_get_openais_404(client: TestClient, keys: ClientKeys) -> None:
     """Clients probe /v1/embeddings and the like: they read OpenAI's error shape (401 without
     a key, then 404)."""
-    for method, path in [("POST", "/v1/embeddings"), ("GET", "/v1/files"), ("POST", "/v1/x/y")]:
+    for method, path in [
+        ("POST", "/v1/embeddings"),
+        ("GET", "/v1/vector_stores"),
+        ("POST", "/v1/x/y"),
+    ]:
         answer = client.request(method, path, json={})
         refusal(answer, 401, "invalid_request_error", "invalid_api_key")
         answer = client.request(method, path, json={}, headers=auth(keys))

@@ -46,6 +46,8 @@ from hymt_serve.request.office import OFFICE_FORMATS, opening_text
 from hymt_serve.web.batch_routes import batch_routes
 from hymt_serve.web.bodies import is_json, json_object
 from hymt_serve.web.compat import CompatError, api_params, deepl_client_key, deepl_fields
+from hymt_serve.web.glossaries import store_of, with_glossary
+from hymt_serve.web.glossary_entries import GlossaryError
 from hymt_serve.web.jobs_documents import DocumentJobs
 from hymt_serve.web.keys import ClientKeys
 from hymt_serve.web.torchserve import json_response
@@ -92,12 +94,18 @@ def document_routes(jobs: DocumentJobs, keys: ClientKeys) -> list[BaseRoute]:
                 characters = await asyncio.to_thread(_office_characters, text, kind)
             else:
                 text = _utf8(data)
-            fields, _ = deepl_fields({k: v for k, v in form.items() if isinstance(v, str)})
+            params = {k: v for k, v in form.items() if isinstance(v, str)}
+            fields, _ = deepl_fields(params, glossaries=True)
             fields.pop("preserve_format", None)  # a document keeps its format itself
             fields["format"] = kind
+            # An Office file's text is not read here: every entry of its glossary goes.
+            plain = [text] if kind not in OFFICE_FORMATS else None
+            fields = await with_glossary(fields, key.name, store_of(keys), plain)
             document_id, document_key = await jobs.submit(key, filename, text, fields, characters)
         except CompatError as error:
             return error.answer("message")
+        except GlossaryError as error:
+            return json_response(error.deepl_body(), error.status)
         return json_response({"document_id": document_id, "document_key": document_key})
 
     async def deepl_document_status(request: Request) -> Response:
