@@ -141,11 +141,6 @@ def test_off_loopback_glossaries_need_a_key(
         assert listed == [made.json()]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app.py's /api/translate (the memory helper's) calls with_glossary once wired: the "
-    "report gives the lines; remove this mark then",
-)
 def test_api_translate_with_a_glossary_id(
     upstream: Upstream, tmp_path: Path, keys: ClientKeys
 ) -> None:

@@ -56,6 +56,8 @@ from hymt_serve.web.bodies import json_object
 from hymt_serve.web.compat import compat_routes
 from hymt_serve.web.deepl_documents import DocumentJobs, document_routes
 from hymt_serve.web.fairness import Busy, KeyLimits, Upstream
+from hymt_serve.web.glossaries import api_owner, store_of, with_glossary
+from hymt_serve.web.glossary_entries import GlossaryError
 from hymt_serve.web.keys import ClientKey, ClientKeys
 from hymt_serve.web.memory_front import FastPath
 from hymt_serve.web.oip_routes import oip_routes
@@ -203,6 +205,12 @@ def _page_routes(
         if body is None:
             return json_response(NOT_JSON, 400)
         key = client_key(request)
+        try:  # a stored glossary's terms in the handler's glossary field (web/glossaries.py)
+            owner = api_owner(request, client_keys)
+            glossaries = store_of(client_keys) if client_keys is not None else None
+            body = await with_glossary(body, owner, glossaries)
+        except GlossaryError as error:
+            return json_response(error.api_body(), error.status)
         body = _with_default_stream(body)
         if fast is not None and (served := await fast.answer(body, key)) is not None:
             return served  # from the memory: no model work, nothing counted
