@@ -243,7 +243,9 @@ def main() -> None:
     bodies = sentences(args, model_dir)
     overrides: dict[str, Any] = {"asyncCommunication": True, "batchSize": 1,
                                  "handler.max_new_tokens": args.cap,
-                                 "handler.target_language_check": "off"}  # fmt: skip
+                                 "handler.target_language_check": "off",
+                                 # the model's work on both paths, not the memory's answers
+                                 "handler.translation_memory": False}  # fmt: skip
     if args.tiny:
         overrides["handler.engine"] = "fast"
     profile = "cpu" if args.tiny else "gpu"

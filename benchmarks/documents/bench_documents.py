@@ -244,6 +244,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "handler.document_length_factor": LENGTH_FACTOR,
         "handler.document_segment_tokens": args.segment_tokens,
         "handler.max_new_tokens": args.cap,
+        # Every round translates the same documents: the memory would answer all but the first.
+        "handler.translation_memory": False,
     }
     if args.tiny:
         overrides["handler.engine"] = "fast"

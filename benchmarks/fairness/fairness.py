@@ -89,6 +89,8 @@ def start_server(folder: Path) -> tuple[Server, dict[str, str], Path]:
         model_path=model,
         template=REPO / "configs/model-config-cpu.yaml",
         export_path=store,
+        # Clients repeat their texts: each must cost model work, not a memory answer.
+        overrides={"handler.translation_memory": False},
     )
     server, _ = start(
         REPO / "config.properties",

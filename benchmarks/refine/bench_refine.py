@@ -57,7 +57,12 @@ def start_stack(model_dir: Path, work: Path, tiny: bool, web_port: int) -> tuple
             model_path=model_dir,
             template=REPO / f"configs/model-config-{profile}.yaml",
             export_path=work / "model_store",
-            overrides={**common, "handler.prompt_family": family},
+            # Rounds repeat their texts: the model's work, not the translation memory's answers.
+            overrides={
+                **common,
+                "handler.prompt_family": family,
+                "handler.translation_memory": False,
+            },
             name=name,
         )
     models = [f"{name}={name}.mar" for name in (TRANSLATOR, CHIMERA)]

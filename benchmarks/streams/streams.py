@@ -93,7 +93,11 @@ def start_server(folder: Path, streams: int) -> Server:
     model = build_tiny_model(folder / "tiny-model", default_tokenizer_dir())
     store = folder / "model_store"
     build_archive(
-        model_path=model, template=REPO / "configs/model-config-cpu.yaml", export_path=store
+        model_path=model,
+        template=REPO / "configs/model-config-cpu.yaml",
+        export_path=store,
+        # Streams repeat their texts: each must be generated, not answered from the memory.
+        overrides={"handler.translation_memory": False},
     )
     queue = int(streams / UPSTREAM_SHARE) + 100
     server, _ = start(

@@ -45,6 +45,7 @@ ARCHIVE = {
     "handler.max_new_tokens": 24,
     "handler.max_batch_rows": 2,
     "handler.max_waiting_rows": 6,
+    "handler.translation_memory": False,  # repeated texts must reach the engine each time
 }
 BAD = ({"text": "", "target_lang": "fr"}, {"text": "x", "target_lang": "klingon"})
 LONG = {"text": "Burst", "target_lang": "fr", "max_new_tokens": 24}
