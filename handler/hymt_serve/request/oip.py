@@ -57,6 +57,7 @@ PARAMETERS = (
     "data_format",
     "format",
     "previous_context",
+    "cache",  # the translation memory's switch (docs/translation-memory.md)
 )
 PROTOCOL_PARAMETERS = ("binary_data_output",)  # the binary extension's: answered in JSON
 INPUT_PARAMETERS = ("binary_data_size", "content_type")

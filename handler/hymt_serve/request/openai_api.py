@@ -52,7 +52,8 @@ Kind = Literal["chat", "completion"]
 OWNED_BY = "tencent"
 # Fields each API passes on to the chat form as they are (validated by the handler).
 GENERATION = ("temperature", "top_p", "n", "stop", "seed")
-EXTRAS = ("top_k", "repetition_penalty", *TRANSLATION_FIELDS)  # ours, as extra body fields
+# Ours, as extra body fields; "cache": the translation memory's switch (docs/translation-memory.md).
+EXTRAS = ("top_k", "repetition_penalty", "cache", *TRANSLATION_FIELDS)
 # Fields accepted and not passed on: they change nothing about the answer.
 IGNORED = ("user", "metadata", "prompt_cache_key", "safety_identifier")
 # Fields accepted only at their neutral value (a request for anything else is refused).

@@ -10,7 +10,9 @@ again. At most ``concurrency`` lines are in flight (enough to fill the engine's 
 ``max_batch_rows``; ``$HYMT_BATCH_CONCURRENCY`` sets it). A line TorchServe did not answer
 (restarting, busy) is sent again after a back-off; a line it refused (4xx) goes to the error
 file. The batch is billed its lines' characters once, at creation; at its end it gets back the
-characters of every line that did not succeed (failed or, when cancelled, never sent).
+characters of every line that did not succeed (failed or, when cancelled, never sent), and of
+what the translation memory served (a line's reply's ``usage.memory_characters``: its stored
+output line keeps only the rest as billed).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hymt_serve.request import openai_api, openai_reply
 from hymt_serve.request.openai_api import Call, OpenAIError
+from hymt_serve.web.access import memory_characters
 from hymt_serve.web.fairness import Busy, Post
 from hymt_serve.web.job_store import BATCH, Item, Job, JobStore, StoredFile
 from hymt_serve.web.jobs import GIVE_UP_S, JobRunner, Patience, error_text, retryable
@@ -133,11 +136,19 @@ class ItemWriter:
             await asyncio.shield(self._task)
 
 
-class Batches:
-    """The batch jobs of ``store``, run by ``runner`` through ``post`` on ``model``."""
+Named = Callable[[dict[str, Any], str], dict[str, Any]]
 
-    def __init__(self, runner: JobRunner, store: JobStore, post: Post, model: str) -> None:
+
+class Batches:
+    """The batch jobs of ``store``, run by ``runner`` through ``post`` on ``model``;
+    ``named(body, owner)``: a line's body as it goes to TorchServe (the translation memory's
+    namespace of the batch's owner, where it is isolated per key)."""
+
+    def __init__(
+        self, runner: JobRunner, store: JobStore, post: Post, model: str, named: Named
+    ) -> None:
         self.runner, self.store, self._post, self.model = runner, store, post, model
+        self._named = named
         self.concurrency = int(os.environ.get(CONCURRENCY_VARIABLE) or DEFAULT_CONCURRENCY)
         self.give_up_s = GIVE_UP_S
         runner.register(BATCH, self._run)
@@ -204,7 +215,7 @@ class Batches:
         patience = Patience(self.give_up_s)
         while True:
             try:
-                status, reply = await self._post(self.model, call.forward)
+                status, reply = await self._post(self.model, self._named(call.forward, job.owner))
             except Busy as busy:
                 status, reply = busy.status, busy.body()
             except Exception as error:  # a line goes on whatever one call did
@@ -215,7 +226,9 @@ class Batches:
                 except (KeyError, TypeError, ValueError, AttributeError):
                     wrong = OpenAIError(500, "the model server's reply is not a chat-form reply")
                     return _error_item(job, position, line, 500, wrong.body())
-                return _item(job, position, line, 200, body, str(reply.get("request_id") or ""))
+                served = memory_characters(reply)  # not billed: the line keeps the rest
+                request_id = str(reply.get("request_id") or "")
+                return _item(job, position, line, 200, body, request_id, served)
             if not retryable(status):
                 failed = openai_reply.error_from_reply(status, reply)
                 return _error_item(job, position, line, failed.status, failed.body())
@@ -256,15 +269,18 @@ class Batches:
         return file.id
 
 
-def _item(job: Job, position: int, line: Line, status: int, body: Any, request_id: str) -> Item:
-    """A line's output line (OpenAI's shape), billed its characters when it succeeded."""
+def _item(
+    job: Job, position: int, line: Line, status: int, body: Any, request_id: str, served: int = 0
+) -> Item:
+    """A line's output line (OpenAI's shape), billed its characters when it succeeded, less
+    ``served``: those the translation memory served."""
     output = {
         "id": f"batch_req_{secrets.token_hex(12)}",
         "custom_id": line.custom_id,
         "response": {"status_code": status, "request_id": request_id, "body": body},
         "error": None,
     }
-    characters = line.characters if status == 200 else 0
+    characters = max(0, line.characters - served) if status == 200 else 0
     return Item(position, status, json.dumps(output, ensure_ascii=False), characters)
 
 

@@ -20,6 +20,7 @@ that have it. LibreTranslate's ``auto`` and DeepL without ``source_lang`` are ou
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -30,8 +31,9 @@ from starlette.routing import BaseRoute, Route
 
 from hymt_serve.request.detect import detect
 from hymt_serve.request.languages import LANGUAGES, Language, lookup
-from hymt_serve.web.access import client_name
+from hymt_serve.web.access import client_name, memory_characters, memory_refund, with_namespace
 from hymt_serve.web.bodies import BadBody, fields
+from hymt_serve.web.deepl_codes import DEEPL_TARGETS, deepl_language_list
 from hymt_serve.web.fairness import BULK_CHUNK, RETRY_AFTER_S, Busy, KeyLimits, Post, fan_out
 from hymt_serve.web.glossaries import for_texts, pairs_of, store_of, with_glossary
 from hymt_serve.web.glossary_entries import GlossaryError
@@ -41,15 +43,6 @@ from hymt_serve.web.torchserve import json_response
 
 # LibreTranslate's code for traditional Chinese.
 LIBRE_ALIASES = {"zt": "zh-Hant"}
-# DeepL's regional codes: target variants the model does not tell apart, and Chinese scripts.
-DEEPL_TARGETS = {
-    "EN-GB": ("en", "English (British)"),
-    "EN-US": ("en", "English (American)"),
-    "PT-BR": ("pt", "Portuguese (Brazilian)"),
-    "PT-PT": ("pt", "Portuguese (European)"),
-    "ZH-HANS": ("zh", "Chinese (simplified)"),
-    "ZH-HANT": ("zh-Hant", "Chinese (traditional)"),
-}
 # DeepL options this server cannot honour (refused); the others it does not know (such as
 # split_sentences or preserve_formatting) change nothing here and are accepted.
 DEEPL_UNSUPPORTED = ("glossary_ids", "style_id", "translation_memory_id")
@@ -94,20 +87,29 @@ def compat_routes(
     glossaries = store_of(keys)
 
     async def translate(
-        key: ClientKey, texts: list[str], fields: dict[str, Any], over_quota: CompatError
+        request: Request,
+        key: ClientKey,
+        texts: list[str],
+        fields: dict[str, Any],
+        over_quota: CompatError,
     ) -> list[dict[str, Any]]:
         if len(texts) > MAX_TEXTS:
-            raise CompatError(
-                413,
-                f"{len(texts)} texts in one request; at most {MAX_TEXTS}: send them in several",
+            too_many = (
+                f"{len(texts)} texts in one request; at most {MAX_TEXTS}: send them in several"
             )
+            raise CompatError(413, too_many)
+        fast = request.app.state.fast  # the translation memory isolated per key, or not
+        isolated = fast is not None and fast.isolated
+        refund = functools.partial(memory_refund, keys, key)
         try:
             with limits.hold(client_name(key)):
                 characters = sum(len(text) for text in texts)
                 if not keys.reserve(key, characters):
                     raise over_quota
                 try:
-                    return await _translate(post, model, texts, fields, await max_texts())
+                    size = await max_texts()
+                    named = functools.partial(with_namespace, key=key, isolated=isolated)
+                    return await _translate(post, model, texts, fields, size, named, refund)
                 except (CompatError, Busy):
                     keys.refund(key, characters)
                     raise
@@ -129,7 +131,7 @@ def compat_routes(
             if format_ == "html":
                 fields["preserve_format"] = "html"
             quota = CompatError(429, "Character limit of this API key reached")
-            out = await translate(key, texts, fields, quota)
+            out = await translate(request, key, texts, fields, quota)
         except CompatError as error:
             return error.answer("error")
         translated = [item["text"] for item in out]
@@ -174,7 +176,7 @@ def compat_routes(
             texts = _texts(params.get("text"), "Parameter 'text' not specified.")
             fields, source = deepl_fields(params, glossaries=True)
             fields = await with_glossary(fields, key.name, glossaries, texts)
-            out = await translate(key, texts, fields, CompatError(456, "Quota Exceeded"))
+            out = await translate(request, key, texts, fields, CompatError(456, "Quota Exceeded"))
         except CompatError as error:
             return error.answer("message")
         except GlossaryError as error:
@@ -185,9 +187,9 @@ def compat_routes(
                     {
                         "detected_source_language": source or _deepl_detected(item.get("detected")),
                         "text": item["text"],
-                        "billed_characters": len(src),
+                        "billed_characters": item["billed"],
                     }
-                    for item, src in zip(out, texts, strict=True)
+                    for item in out
                 ]
             }
         )
@@ -200,7 +202,7 @@ def compat_routes(
             return error.answer("message")
         if kind not in ("source", "target"):
             return json_response({"message": "Value for 'type' not supported."}, 400)
-        return json_response(_deepl_language_list(kind))
+        return json_response(deepl_language_list(kind))
 
     async def deepl_usage(request: Request) -> Response:
         try:
@@ -349,45 +351,41 @@ def _deepl_language(code: str | None, name: str) -> Language | None:
     return lookup(code)
 
 
-def _deepl_language_list(kind: str) -> list[dict[str, Any]]:
-    if kind == "source":
-        return [
-            {"language": lang.code.upper(), "name": lang.english}
-            for lang in LANGUAGES.values()
-            if lang.code != "zh-Hant"  # a source is ZH whatever its script
-        ]
-    variants = {ours for ours, _ in DEEPL_TARGETS.values()}
-    listed = [
-        {"language": code, "name": name, "supports_formality": False}
-        for code, (_, name) in DEEPL_TARGETS.items()
-    ]
-    listed += [
-        {"language": lang.code.upper(), "name": lang.english, "supports_formality": False}
-        for lang in LANGUAGES.values()
-        if lang.code not in variants
-    ]
-    return listed
-
-
 async def _translate(
-    post: Post, model: str, texts: Sequence[str], fields: dict[str, Any], max_texts: int
+    post: Post,
+    model: str,
+    texts: Sequence[str],
+    fields: dict[str, Any],
+    max_texts: int,
+    named: Callable[[dict[str, Any]], dict[str, Any]],
+    refund: Callable[[Any], int],
 ) -> list[dict[str, Any]]:
-    """Our API's translation items for ``texts`` (``text``, and ``detected`` with ``auto``):
-    one request of at most ``max_texts``, or bulk chunks of at most ``BULK_CHUNK``
-    (:mod:`.fairness`)."""
+    """Our API's translation items for ``texts`` (``text``, ``billed`` characters, and
+    ``detected`` with ``auto``): one request of at most ``max_texts``, or bulk chunks of at most
+    ``BULK_CHUNK`` (:mod:`.fairness`); each body as ``named`` makes it (the memory's namespace).
+    Once every chunk answered 200, ``refund`` gives back what the memory served (not before: a
+    failed chunk refunds the whole request)."""
     size = max_texts if len(texts) <= max_texts else min(max_texts, BULK_CHUNK)
     chunks = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
-    bodies = [{**fields, "text": chunk, "stream": False} for chunk in chunks]
+    bodies = [named({**fields, "text": chunk, "stream": False}) for chunk in chunks]
     if "glossary" in fields:  # each chunk takes the terms that occur in its own texts
         pairs = pairs_of(fields["glossary"])
         for body in bodies:
             body["glossary"] = for_texts(pairs, body["text"])
-    out: list[dict[str, Any]] = []
-    for status, answer in await fan_out(post, model, bodies):
+    answers = await fan_out(post, model, bodies)
+    for status, answer in answers:
         if status != 200:
             message = str(answer.get("error") or f"HTTP {status}")
             kind = answer.get("error_type", "")
             code = STATUS_BY_TYPE.get(kind, status if status < 500 else 500)
             raise CompatError(code, message, RETRY_AFTER_S if code == 503 else None)
-        out += answer["translations"]
+    out: list[dict[str, Any]] = []
+    for (_, answer), chunk in zip(answers, chunks, strict=True):
+        refund(answer)
+        # Which texts the memory served, where the reply tells: none, or the whole chunk.
+        whole = memory_characters(answer) == sum(len(text) for text in chunk)
+        out += [
+            {**item, "billed": 0 if whole else len(text)}
+            for item, text in zip(answer["translations"], chunk, strict=True)
+        ]
     return out

@@ -9,7 +9,10 @@ fields (:mod:`hymt_serve.request.document_resume`): each asks for at most
 ``segment_translations`` are stored before the next call, and the call that leaves no segment
 missing answers the document. A segment stored is never sent to the model again; a call cut
 short by a restart loses only its own segments. Characters are billed once, in the
-transaction that stores the job, and refunded once if it fails.
+transaction that stores the job, and refunded once if it fails. What the translation memory
+served (a reply's ``usage.memory_characters``) is noted with the segments that reply stored
+(their first item's ``characters``, in the same transaction), and the job that ends done gets
+their sum back in the transaction that ends it: once, a resumed job's earlier calls included.
 """
 
 from __future__ import annotations
@@ -21,13 +24,16 @@ import secrets
 import time
 from typing import Any
 
+from hymt_serve.request.memory_key import CACHE_FIELD
 from hymt_serve.request.office import OFFICE_FORMATS
+from hymt_serve.web.access import memory_characters, with_namespace
 from hymt_serve.web.batches import Batches
 from hymt_serve.web.compat import CompatError
 from hymt_serve.web.fairness import Busy, Post
 from hymt_serve.web.job_store import DOCUMENT, Item, Job, JobStore
 from hymt_serve.web.jobs import GIVE_UP_S, LEASE_S, JobRunner, Patience, error_text, retryable
 from hymt_serve.web.keys import ClientKey, ClientKeys
+from hymt_serve.web.memory_front import FastPath
 
 MAX_JOBS = 256  # kept in the database: each holds up to MAX_FILE_BYTES twice
 PER_KEY_ACTIVE = 8
@@ -42,14 +48,19 @@ FINGERPRINT_FIELD = "segments_fingerprint"
 
 class DocumentJobs:
     """The uploaded documents and their translations, in the database of ``keys``; also the
-    holder of the batch API's jobs (:attr:`batches`) and of the runner both use."""
+    holder of the batch API's jobs (:attr:`batches`) and of the runner both use. ``fast``
+    says whether the translation memory is isolated per key (each call then names the job's
+    owner to it)."""
 
-    def __init__(self, post: Post, model: str, keys: ClientKeys) -> None:
+    def __init__(
+        self, post: Post, model: str, keys: ClientKeys, fast: FastPath | None = None
+    ) -> None:
         self._post, self._model, self._keys = post, model, keys
         self.store = JobStore(keys.store.engine)
         self.runner = JobRunner(self.store, lease_s=LEASE_S)
         self.runner.register(DOCUMENT, self._run)
-        self.batches = Batches(self.runner, self.store, post, model)
+        self.batches = Batches(self.runner, self.store, post, model, self.named)
+        self.fast = fast
         self.give_up_s = GIVE_UP_S
         self.segments_per_call = int(os.environ.get(SEGMENTS_VARIABLE) or SEGMENTS_PER_CALL)
         self._turns: asyncio.Semaphore | None = None  # WORKERS translating at once
@@ -132,12 +143,15 @@ class DocumentJobs:
             body |= {"max_segments": self.segments_per_call}
             if fingerprint is not None:
                 body[FINGERPRINT_FIELD] = fingerprint
-            status, answer = await self._call(body)
+            status, answer = await self._call(self.named(body, job.owner))
             if status == 200 and isinstance(answer.get("document"), str):
                 await self._store(job, answer, done)
                 result = answer["document"]
                 data = base64.b64decode(result) if kind in OFFICE_FORMATS else result.encode()
-                await asyncio.to_thread(self.store.finish, job.id, "done", result=data)
+                # what the memory served, every call's (stored with their segments): not billed
+                items = await asyncio.to_thread(self.store.items, job.id)
+                refund = min(job.billed, sum(item.characters for item in items.values()))
+                await asyncio.to_thread(self.store.finish, job.id, "done", refund, result=data)
                 return
             if status == 200 and isinstance(answer.get("segment_translations"), dict):
                 before = len(done)
@@ -156,6 +170,15 @@ class DocumentJobs:
                 await self._fail(job, error_text(status, answer))
                 return
 
+    def named(self, body: dict[str, Any], owner: str) -> dict[str, Any]:
+        """``body`` as it goes to TorchServe for a job of ``owner`` (a key's name): named to
+        the translation memory where it is isolated per key (:func:`.access.with_namespace`)."""
+        isolated = self.fast is not None and self.fast.isolated
+        key = next((key for key in self._keys.keys if key.name == owner), None)
+        if isolated and key is None:  # a key deleted since: no other key's memory, nor its own
+            return {**with_namespace(body, None, False), CACHE_FIELD: False}
+        return with_namespace(body, key, isolated)
+
     async def _call(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         try:
             return await self._post(self._model, body, bulk=True)  # bulk work
@@ -165,8 +188,8 @@ class DocumentJobs:
             return 502, {"error": f"the translation failed ({type(error).__name__})"}
 
     async def _store(self, job: Job, answer: dict[str, Any], done: dict[int, str]) -> str | None:
-        """The reply's new segment translations into ``done`` and the database; its
-        fingerprint."""
+        """The reply's new segment translations into ``done`` and the database (the first
+        new one noting the characters the memory served); its fingerprint."""
         new = answer.get("segment_translations")
         fingerprint = answer.get(FINGERPRINT_FIELD)
         if not isinstance(new, dict):
@@ -177,6 +200,8 @@ class DocumentJobs:
         if isinstance(fingerprint, str):
             values["fingerprint"] = fingerprint
         items = [Item(position, 200, text) for position, text in sorted(added.items())]
+        if items:  # the reply's memory characters, kept with what it added (refunded at the end)
+            items[0] = Item(items[0].position, 200, items[0].text, memory_characters(answer))
         await asyncio.to_thread(self.store.add_items, job.id, items, **values)
         return fingerprint if isinstance(fingerprint, str) else None
 

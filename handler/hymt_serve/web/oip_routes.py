@@ -12,7 +12,8 @@ protocol's REST API is answered, with the truth:
   ``{"ready": ...}`` either way;
 - ``GET /v2``, ``GET /v2/models/<model>``: server and model metadata (the tensors below);
 - ``POST /v2/models/<model>/infer``: with a client key (``Authorization: Bearer <key>``) whose
-  character limit counts the texts (refunded when the translation fails), forwarded to
+  character limit counts the texts (refunded when the translation fails, and by what the
+  translation memory served: a 200's ``parameters.memory_characters``), forwarded to
   TorchServe's v2 route with this front end's TorchServe key; JSON or binary tensors.
 
 Errors are ``{"error": ...}`` (the protocol's), with the request API's ``error_type``.
@@ -20,6 +21,8 @@ Errors are ``{"error": ...}`` (the protocol's), with the request API's ``error_t
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +35,7 @@ from hymt_serve.ops.launcher import all_ready
 from hymt_serve.request import oip
 from hymt_serve.request.errors import InvalidRequest, ServiceError
 from hymt_serve.request.protocol import decode_body
-from hymt_serve.web.access import bearer_key, client_name
+from hymt_serve.web.access import bearer_key, client_name, memory_refund
 from hymt_serve.web.fairness import KeyLimits
 from hymt_serve.web.keys import ClientKeys
 from hymt_serve.web.torchserve import UPSTREAM_ERRORS, TorchServe, json_response
@@ -120,6 +123,10 @@ def oip_routes(
             raise
         if answer.status_code != 200:
             keys.refund(key, characters)
+        elif b'"memory_characters"' in answer.body:  # usage is flattened into parameters
+            with contextlib.suppress(ValueError, AttributeError):  # not a v2 JSON reply
+                parameters = json.loads(bytes(answer.body)).get("parameters")
+                memory_refund(keys, key, {"usage": parameters})
         return answer
 
     return [

@@ -12,6 +12,13 @@ keeping the first. When every candidate agrees there is nothing to choose betwee
 answered without a Chimera call (``"refined": false``). A request can instead bring its own
 ``candidates`` (1 to 6 per text): they go to Chimera as they are. The answer's ``timing_ms``
 says how long each phase took (``candidates``, ``refine``: the Chimera call, 0 when none).
+
+The request is billed its texts' characters once, for all its calls. Its ``usage.
+memory_characters`` (present when not 0: the route refunds it) is the share of that work the
+translation memory served: the texts' characters times the characters the calls' replies
+served from memory over the characters the calls asked for (each candidate request its texts,
+the Chimera call those it refined). Every call served: all of them; a repeated request whose
+greedy candidate alone came from memory (samples without a seed never do): about a sixth.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from hymt_serve.web.access import memory_characters
 from hymt_serve.web.fairness import Post, fan_out
 
 CARD_SAMPLING = {"temperature": 0.7, "top_p": 0.6, "top_k": 20, "repetition_penalty": 1.05}
@@ -73,11 +81,13 @@ async def _refine(
     if "candidates" in body:  # the client's own: Chimera checks and refines them as they are
         answer = await _post(post, refiner, {**fields, "stream": False})
         items = [{**item, "refined": True} for item in answer["translations"]]
-        return _response(body, items, {}, answer["usage"], {"refine": clock.lap()})
-    per_text, candidate_usage = await _candidates(body, post, translator)
+        served = memory_characters(answer)
+        return _response(body, items, {}, answer["usage"], {"refine": clock.lap()}, served)
+    per_text, candidate_usage, asked, served = await _candidates(body, post, translator)
     timing = {"candidates": clock.lap()}
     unique = [_distinct(candidates) for candidates in per_text]
     texts = [body["text"]] if isinstance(body["text"], str) else body["text"]
+    billed = sum(len(text) for text in texts)
     to_refine = [i for i, candidates in enumerate(unique) if len(candidates) > 1]
     refined: dict[int, dict[str, Any]] = {}
     usage = {"input_tokens": 0, "output_tokens": 0}
@@ -91,6 +101,8 @@ async def _refine(
         answer = await _post(post, refiner, request)
         refined = dict(zip(to_refine, answer["translations"], strict=True))
         usage = answer["usage"]
+        asked += sum(len(texts[i]) for i in to_refine)
+        served += memory_characters(answer)
     timing["refine"] = clock.lap()
     items = [
         {**refined[i], "refined": True}
@@ -98,7 +110,8 @@ async def _refine(
         else {"text": unique[i][0], "candidates": unique[i], "refined": False}
         for i in range(len(texts))
     ]
-    return _response(body, items, candidate_usage, usage, timing)
+    share = min(billed, billed * served // asked) if asked else 0
+    return _response(body, items, candidate_usage, usage, timing, share)
 
 
 class _Clock:
@@ -130,15 +143,17 @@ def _response(
     candidate_usage: dict[str, int],
     refine_usage: dict[str, int],
     timing_ms: dict[str, float],
+    served: int,
 ) -> dict[str, Any]:
     response: dict[str, Any] = {}
+    memory = {"memory_characters": served} if served else {}
     if isinstance(body.get("text"), str):
         response["translation"] = items[0]["text"]
     response.update(
         translations=items,
         source_lang=body.get("source_lang", body.get("src_lang")),
         target_lang=body.get("target_lang", body.get("tgt_lang")),
-        usage={"candidates": candidate_usage, "refine": refine_usage},
+        usage={"candidates": candidate_usage, "refine": refine_usage, **memory},
         timing_ms=timing_ms,
     )
     return response
@@ -146,8 +161,9 @@ def _response(
 
 async def _candidates(
     body: dict[str, Any], post: Post, translator: str
-) -> tuple[list[list[str]], dict[str, int]]:
-    """Each text's candidates in the plan's order, and the tokens they took."""
+) -> tuple[list[list[str]], dict[str, int], int, int]:
+    """Each text's candidates in the plan's order, the tokens they took, the characters the
+    requests asked for and those their replies served from the translation memory."""
     base = {k: v for k, v in body.items() if k not in ("candidates", "stream", *SAMPLING)}
     requests = [
         {**base, "stream": False, **({"sampling": True, **sampling} if sampling else {})}
@@ -169,7 +185,9 @@ async def _candidates(
         key: sum(answer["usage"][key] for answer in answers)
         for key in ("input_tokens", "output_tokens")
     }
-    return per_text, usage
+    texts = [body["text"]] if isinstance(body["text"], str) else body["text"]
+    asked = len(answers) * sum(len(text) for text in texts)
+    return per_text, usage, asked, sum(memory_characters(answer) for answer in answers)
 
 
 def _distinct(candidates: Sequence[str]) -> list[str]:
