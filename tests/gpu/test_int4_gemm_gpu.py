@@ -64,6 +64,11 @@ def test_fp16_inputs_widen_exactly_in_fp16(rows: int) -> None:
     assert relative(out, reference(x.float(), q, scale)) < 2e-3
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="wrong products on this uneven weight on an H100 (every tile and split; the 7B's "
+    "shapes match): why HYMT_INT4_KERNEL defaults to legacy (benchmarks/FINDINGS.md)",
+)
 @pytest.mark.parametrize("tile", [tile for _, tile in int4_gemm.TILES])
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_each_tile_and_split_on_an_uneven_weight(tile: int4_gemm.Tile, splits: int) -> None:
