@@ -120,7 +120,7 @@ def create_app(
     if client_keys is not None:
         max_texts = _max_texts(torchserve, model)
         routes += compat_routes(torchserve.post, model, client_keys, max_texts, limits)
-        jobs = DocumentJobs(torchserve.post, model, client_keys)
+        jobs = DocumentJobs(torchserve.post, model, client_keys, fast)
         routes += document_routes(jobs, client_keys)
         routes += oip_routes(torchserve, model, client_keys, limits)
         routes += openai_routes(torchserve, model, client_keys, limits, fast)
@@ -237,6 +237,8 @@ def _page_routes(
         with held(limits, key), counted(client_keys, key, _characters(body)) as outcome:
             status, answer = await refine(body, torchserve.post, model, refine_model)
             outcome.append(status)
+        if status == 200:  # the share of its calls the memory answered (web/refine.py)
+            memory_refund(client_keys, key, answer)
         return json_response(answer, status)
 
     return [
