@@ -30,13 +30,14 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from hymt_serve.core.sqlite import sqlite_engine
+
 logger = logging.getLogger(__name__)
 
 DATABASE_FILE = "hymt.db"  # the front end's database file in the work folder (web/database.py)
 URL_VARIABLE = "HYMT_DATABASE_URL"
 WORK_DIR_VARIABLE = "HYMT_WORK_DIR"  # set by hymt start for its workers
 ADVISORY_LOCK = 0x68796D74  # PostgreSQL: the front end's migration lock (web/database.py)
-BUSY_TIMEOUT_MS = 10_000
 EVICT_CHECK_S = 10.0  # the row count is read at most this often (only after writes)
 EVICT_SHARE = 0.05  # past the bound, the least recently used rows go down to 95 % of it
 CHUNK = 500  # keys per lookup statement (SQLite binds at most 32,766 parameters)
@@ -109,20 +110,7 @@ def connect(url: str) -> Engine:
     parsed = sa.make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return sa.create_engine(parsed, pool_size=2, max_overflow=4, pool_pre_ping=True)
-    if parsed.database and parsed.database != ":memory:":
-        path = Path(parsed.database)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-    engine = sa.create_engine(parsed, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
-
-    @sa.event.listens_for(engine, "connect")
-    def _pragmas(dbapi_connection: Any, _record: object) -> None:
-        dbapi_connection.isolation_level = None  # "begin" below opens each transaction
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        cursor.close()
+    engine = sqlite_engine(parsed)
 
     @sa.event.listens_for(engine, "begin")
     def _begin(connection: Connection) -> None:

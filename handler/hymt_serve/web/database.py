@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 from alembic import command
@@ -23,6 +22,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from hymt_serve.core.errors import ConfigurationError
+from hymt_serve.core.sqlite import sqlite_engine
 
 DATABASE_FILE = "hymt.db"
 URL_VARIABLE = "HYMT_DATABASE_URL"
@@ -30,7 +30,6 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 # Any fixed number: the advisory lock that serialises migrations and key-file imports across
 # replicas (PostgreSQL only; SQLite's own write lock does that there).
 ADVISORY_LOCK = 0x68796D74  # "hymt"
-BUSY_TIMEOUT_MS = 10_000  # SQLite: how long a writer waits for another process's write lock
 
 metadata = sa.MetaData()
 
@@ -105,24 +104,7 @@ def lock(connection: Connection) -> None:
 
 
 def _sqlite(url: URL) -> Engine:
-    if url.database and url.database != ":memory:":
-        path = Path(url.database)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-    engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
-
-    @sa.event.listens_for(engine, "connect")
-    def _pragmas(dbapi_connection: Any, _record: object) -> None:
-        # Python's sqlite3 opens transactions itself, only before DML: DDL would commit as it
-        # goes. It is told to open none, and "begin" below opens each one.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        # WAL: readers never wait for the writer; NORMAL sync survives a crash of the process
-        # (not of the machine) and costs a commit much less than FULL.
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        cursor.close()
+    engine = sqlite_engine(url)
 
     @sa.event.listens_for(engine, "begin")
     def _begin(connection: Connection) -> None:
