@@ -26,7 +26,6 @@ from hymt_serve.request.metrics import FLUSH_S
 
 pytestmark = pytest.mark.integration
 OOM_MARKER = 9
-HANG_MARKER = 7  # the last test's requests: they hang until it kills the worker
 SLOTS = 2
 MAX_WAITING = 6
 BURST = {"text": "Burst", "target_lang": "fr", "max_new_tokens": 24}
@@ -47,7 +46,9 @@ def async_server(
         "handler.max_batch_rows": SLOTS,
         "handler.max_waiting_rows": MAX_WAITING,
         "handler.test_oom_max_new_tokens": OOM_MARKER,
-        "handler.test_hang_max_new_tokens": HANG_MARKER,
+        # Bursts repeat one text: each must reach the engine's waiting line, not be answered
+        # from the translation memory (on, it served them all and none overflowed the line).
+        "handler.translation_memory": False,
     }
     folder = tmp_path_factory.mktemp("async")
     with running_server(tiny_model_dir, folder, archive, handler=FAULTY_HANDLER) as server:
@@ -349,13 +350,30 @@ def test_the_front_end_writes_no_log_line_per_request(async_server: Server) -> N
     assert "handler ready" in (logs / "model_log.log").read_text(errors="replace")
 
 
-def test_requests_of_a_dead_worker_get_503_and_leave(async_server: Server) -> None:
+HANG_MARKER = 7
+
+
+@pytest.fixture
+def hanging_server(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Server]:
+    """A server of its own: this test kills its worker."""
+    archive = {
+        "asyncCommunication": True,
+        "batchSize": 1,
+        "minWorkers": 1,
+        "maxWorkers": 1,
+        "handler.engine": "fast",
+        "handler.max_new_tokens": 24,
+        "handler.test_hang_max_new_tokens": HANG_MARKER,
+    }
+    with running_server(tiny_model_dir, tmp_path, archive, handler=FAULTY_HANDLER) as server:
+        yield server
+
+
+def test_requests_of_a_dead_worker_get_503_and_leave(hanging_server: Server) -> None:
     """TorchServe 0.12.0 never answers an async-mode request whose worker process died: its
     client waited until its own timeout, and the request stayed in the front end for good. Our
     front-end plugin answers it 503 "Worker died." once the connection to that process has been
-    closed for 2 s, and forgets it. (The module's last test: it kills the server's worker,
-    which TorchServe then replaces; no test after it needs that worker.)"""
-    hanging_server = async_server
+    closed for 2 s, and forgets it."""
     body = {"text": "hang", "target_lang": "fr", "max_new_tokens": HANG_MARKER}
     held = guard_counts(hanging_server)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
