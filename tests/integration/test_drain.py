@@ -45,7 +45,14 @@ def draining_server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     """A server of its own: the drain leaves it out of rotation for good."""
-    overrides = {"maxBatchDelay": 50, "handler.max_new_tokens": 400, "minWorkers": 2}
+    overrides = {
+        "maxBatchDelay": 50,
+        "handler.max_new_tokens": 400,
+        "minWorkers": 2,
+        # SLOW_BODY again and again: each must be generated (slowly), not recalled at once
+        # from the translation memory, or nothing is in flight when the drain waits.
+        "handler.translation_memory": False,
+    }
     with running_server(tiny_model_dir, tmp_path_factory.mktemp("drain"), overrides) as server:
         yield server
 
