@@ -45,6 +45,9 @@ def small_server(
         "handler.max_new_tokens": 32,
         "handler.test_oom_max_new_tokens": OOM_MARKER,
         "handler.test_hang_max_new_tokens": HANG_MARKER,
+        # Every request repeats one text: each must cost the worker its generation (a full
+        # queue, a hang, a kill in flight), not be answered from the translation memory.
+        "handler.translation_memory": False,
     }
     config = {"default_response_timeout": str(RESPONSE_TIMEOUT_S)}
     with running_server(
