@@ -22,9 +22,9 @@ prompts) it widens the weight for cuBLAS.
 Which int4 path runs is :func:`set_int4_kernel`'s (``HYMT_INT4_KERNEL``, read at import):
 ``gemm`` (this kernel at every row count), ``gemm-rows`` (this kernel above one row, the
 CUDA-core chain kernel at one) or ``legacy`` (the earlier paths), to compare them.
-``legacy`` is the default: on an H100 this kernel fails its GPU test on weights of uneven
-shape (``tests/gpu/test_int4_gemm_gpu.py``) and is slower than the legacy chain at one row
-(benchmarks/FINDINGS.md), so it is opt-in until both are fixed.
+``legacy`` is the default: this kernel still gives wrong products on weights of uneven shape
+(``tests/gpu/test_int4_gemm_gpu.py``) and runs one row slower than the legacy chain
+(docs/performance.md), so it is opt-in until both are fixed.
 """
 
 from __future__ import annotations
