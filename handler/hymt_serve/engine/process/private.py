@@ -163,10 +163,11 @@ class EngineClient:
     def close(self, timeout: float = 30.0) -> None:
         """Stop the child (tests and shutdown)."""
         self._closing = True
+        # hang_up, not a plain close: the reader thread blocked on this pipe would keep it open,
+        # and the child would not see its end before the join timed out.
+        hang_up(self._conn)
         if self.settings.serving.share_engine:  # the engine stays for the GPU's other workers
-            hang_up(self._conn)
             return
-        self._conn.close()
         self._process.join(timeout)
         if self._process.is_alive():
             self._process.kill()
