@@ -112,6 +112,12 @@ def running_server(
 def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The shared server. A longer batch delay than the demo's, so that concurrent test
     requests share a batch."""
-    overrides = {"maxBatchDelay": 200, "handler.max_new_tokens": 16}
+    overrides = {
+        "maxBatchDelay": 200,
+        "handler.max_new_tokens": 16,
+        # The tests repeat their texts and check each request's own work (usage, batches, the
+        # soak's heap): the memory would answer them. test_memory_server.py has it on.
+        "handler.translation_memory": False,
+    }
     with running_server(tiny_model_dir, tmp_path_factory.mktemp("main"), overrides) as running:
         yield running
