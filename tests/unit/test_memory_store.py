@@ -5,6 +5,7 @@ the model marker; and what the keys are made of."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import time
 from pathlib import Path
 
@@ -126,9 +127,11 @@ def test_a_lost_database_finds_nothing_and_drops_writes(
     with memory.engine.begin() as connection:
         connection.execute(sa.text("DROP TABLE translation_memory"))
     assert memory.recall(["k"]) == {}
-    memory.keep([entry("k")])
+    memory.keep([entry("k", "a user's secret words")])
     memory.flush()
     assert "lookup failed" in caplog.text and "write failed (dropped)" in caplog.text
+    above_debug = [r.getMessage() for r in caplog.records if r.levelno > logging.DEBUG]
+    assert not any("secret" in message for message in above_debug)  # values stay at DEBUG
     memory.close()
 
 

@@ -350,5 +350,8 @@ def _touch(connection: Connection, column: sa.Column[Any], keys: Sequence[str], 
 
 
 def _said(error: BaseException) -> str:
-    """An error's first line without its statement and parameters (they hold user text)."""
-    return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    """An error's types only: a database error's message can quote the statement's values,
+    which hold user text (the whole message goes to DEBUG)."""
+    logger.debug("translation memory error: %s", error)
+    cause = getattr(error, "orig", None)
+    return type(error).__name__ + (f" ({type(cause).__name__})" if cause is not None else "")
